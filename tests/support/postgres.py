@@ -1,0 +1,51 @@
+"""PostgreSQL for the tests: one server per session, a fresh migrated database per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from mink.storage.embedded_postgres import EmbeddedPostgres
+
+TEMPLATE_DB = "mink_template"
+_db_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+    server.start()
+    try:
+        from mink.storage.migrate import migrate_sync
+
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+        migrate_sync(server.url_for(TEMPLATE_DB))
+        yield server
+    finally:
+        if server.running():
+            server.stop("immediate")
+
+
+@pytest.fixture
+def pg_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """URL of a new database cloned from the migrated template."""
+    if not pg_server.running():  # a test that stopped the server must not break the next one
+        pg_server.start()
+    name = f"t_{os.getpid()}_{next(_db_counter)}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+    yield pg_server.url_for(name)
+    if not pg_server.running():
+        pg_server.start()
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def pg_data_dir(server: EmbeddedPostgres) -> Path:
+    return server.data_dir

@@ -1,0 +1,1 @@
+"""S3 endpoint (moto server) for the tests."""
