@@ -1,0 +1,47 @@
+"""The Kafka APIs Mink serves and the version ranges it advertises.
+
+Only what is implemented is listed: a client must never be offered an API that then fails.
+The broker's handler table and this table are checked against each other at start-up.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+
+
+# api key -> (min version, max version) advertised in ApiVersions.
+ADVERTISED: dict[int, tuple[int, int]] = {
+    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.METADATA: (0, 12),
+}
+
+
+def advertised(api_key: int, api_version: int) -> bool:
+    span = ADVERTISED.get(api_key)
+    return span is not None and span[0] <= api_version <= span[1]

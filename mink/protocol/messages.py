@@ -1,0 +1,126 @@
+"""Request decoding and response encoding, with kio; and the gaps of kio, wrapped in one place.
+
+kio's gaps (0.6.5): its reader refuses writable buffers (we hand it read-only memoryviews);
+an unknown tagged field raises KeyError instead of being skipped (we treat the request as
+malformed); it has no schema for some old versions (Produce v0-2), which we answer elsewhere.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from .framing import size_prefix
+
+_HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id: every header version
+
+
+class MalformedRequest(Exception):
+    """The bytes do not decode as the request they claim to be; close the connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    header: RequestHeader
+    body: Any  # a kio request payload
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) without decoding the rest."""
+    if len(frame) < _HEADER_PREFIX.size:
+        raise MalformedRequest(f"a {len(frame)}-byte frame is too short for a request header")
+    return _HEADER_PREFIX.unpack_from(frame)
+
+
+_readers: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _reader_pair(api_key: int, api_version: int) -> tuple[Any, Any]:
+    pair = _readers.get((api_key, api_version))
+    if pair is None:
+        schema = load_request_schema(api_key, api_version)
+        pair = (entity_reader(schema.__header_schema__), entity_reader(schema))
+        _readers[(api_key, api_version)] = pair
+    return pair
+
+
+def decode_request(frame: bytes) -> Request:
+    """Decode a frame whose api key and version the caller has checked it serves."""
+    api_key, api_version, _ = peek_header(frame)
+    read_header, read_body = _reader_pair(api_key, api_version)
+    view = memoryview(frame).toreadonly()
+    try:
+        header, used = read_header(view, 0)
+        body, body_size = read_body(view, used)
+    except Exception as exc:  # kio raises assorted errors on bad input, KeyError included
+        raise MalformedRequest(
+            f"cannot decode api {api_key} v{api_version}: {type(exc).__name__}: {exc}"
+        ) from None
+    # Trailing bytes are ignored, as Kafka's own parser does: librdkafka 2.x sends some
+    # after a Metadata v12 body.
+    return Request(
+        RequestHeader(api_key, api_version, header.correlation_id, header.client_id), body
+    )
+
+
+_writers: dict[type, tuple[Any, Any, Any]] = {}
+
+
+def encode_response(correlation_id: int, body: Any) -> bytes:
+    """The whole response frame, size prefix included."""
+    body_type = type(body)
+    entry = _writers.get(body_type)
+    if entry is None:
+        header_schema = body_type.__header_schema__
+        entry = (header_schema, entity_writer(header_schema), entity_writer(body_type))
+        _writers[body_type] = entry
+    header_schema, write_header, write_body = entry
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    write_header(buffer, header_schema(correlation_id=correlation_id))
+    write_body(buffer, body)
+    out = buffer.getbuffer()
+    out[0:4] = size_prefix(len(out) - 4)
+    del out
+    return buffer.getvalue()
+
+
+def response_schema(api_key: int, api_version: int) -> type:
+    return load_response_schema(api_key, api_version)
+
+
+_field_names: dict[type, frozenset[str]] = {}
+
+
+def build(schema: type, **values: Any) -> Any:
+    """Construct a kio entity from the values its version has; the others are dropped.
+
+    Lets one handler build every version of a response: fields a version lacks (say,
+    `leader_epoch` before Metadata v7) are simply not set.
+    """
+    names = _field_names.get(schema)
+    if names is None:
+        names = frozenset(schema.__dataclass_fields__) - {
+            "__type__", "__version__", "__flexible__", "__api_key__", "__header_schema__"}
+        _field_names[schema] = names
+    return schema(**{k: v for k, v in values.items() if k in names})
+
+
+def nested(schema: type, name: str) -> type:
+    """The nested entity `name` of the same API version as `schema` (e.g. its topics' type)."""
+    import sys
+
+    return getattr(sys.modules[schema.__module__], name)

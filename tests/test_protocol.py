@@ -1,0 +1,122 @@
+"""Framing and request/response codecs, with plain bytes (no I/O)."""
+
+import datetime
+import io
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_writer
+
+from mink.broker.handlers.api_versions import unsupported_version_response
+from mink.protocol.apis import ADVERTISED, ApiKey
+from mink.protocol.framing import FrameError, FrameReader, frame
+from mink.protocol.messages import (
+    MalformedRequest,
+    build,
+    decode_request,
+    encode_response,
+    nested,
+    response_schema,
+)
+
+
+def encode_request(api_key: int, version: int, correlation_id: int, body) -> bytes:
+    schema = load_request_schema(api_key, version)
+    out = io.BytesIO()
+    entity_writer(schema.__header_schema__)(out, schema.__header_schema__(
+        request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
+        client_id="test"))
+    entity_writer(schema)(out, body)
+    return out.getvalue()
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20), st.integers(1, 50))
+def test_frames_survive_any_split(payloads, chunk):
+    stream = b"".join(frame(p) for p in payloads)
+    reader = FrameReader(max_frame_bytes=1000)
+    out = []
+    for start in range(0, len(stream), chunk):
+        reader.feed(stream[start:start + chunk])
+        while (f := reader.next_frame()) is not None:
+            out.append(f)
+    assert out == payloads
+
+
+def test_oversized_frame_refused_before_buffering():
+    reader = FrameReader(max_frame_bytes=1024)
+    reader.feed(struct.pack(">i", 1025))
+    with pytest.raises(FrameError, match="socket.request.max.bytes"):
+        reader.next_frame()
+
+
+def test_negative_frame_size_refused():
+    reader = FrameReader()
+    reader.feed(struct.pack(">i", -5))
+    with pytest.raises(FrameError):
+        reader.next_frame()
+
+
+@pytest.mark.parametrize("version", range(0, 13))
+def test_metadata_request_round_trip(version):
+    schema = load_request_schema(ApiKey.METADATA, version)
+    body = build(schema, topics=None if version >= 1 else (), allow_auto_topic_creation=True,
+                 include_cluster_authorized_operations=False,
+                 include_topic_authorized_operations=False)
+    request = decode_request(encode_request(ApiKey.METADATA, version, 42, body))
+    assert request.header.correlation_id == 42
+    assert request.header.api_version == version
+    assert request.body == body
+
+
+def test_trailing_bytes_are_ignored_as_kafka_does():
+    schema = load_request_schema(ApiKey.API_VERSIONS, 3)
+    body = schema(client_software_name="a", client_software_version="1")
+    data = encode_request(ApiKey.API_VERSIONS, 3, 1, body)
+    assert decode_request(data + b"\1\0\0").body == body
+
+
+def test_truncated_body_is_malformed():
+    schema = load_request_schema(ApiKey.API_VERSIONS, 3)
+    data = encode_request(ApiKey.API_VERSIONS, 3, 1, schema(client_software_name="abc",
+                                                            client_software_version="1"))
+    with pytest.raises(MalformedRequest):
+        decode_request(data[:-3])
+
+
+@given(st.binary(max_size=200))
+def test_garbage_never_escapes_as_another_error(data):
+    prefix = struct.pack(">hhi", ApiKey.METADATA, 9, 1)
+    try:
+        decode_request(prefix + data)
+    except MalformedRequest:
+        pass
+
+
+def test_api_versions_v3_response_uses_v0_header():
+    schema = response_schema(ApiKey.API_VERSIONS, 3)
+    body = build(schema, error_code=ErrorCode.none, api_keys=(),
+                 throttle_time=datetime.timedelta(0))
+    framed = encode_response(7, body)
+    size, correlation_id = struct.unpack_from(">ii", framed)
+    assert size == len(framed) - 4 and correlation_id == 7
+    # v0 header: the body's error code follows the correlation id directly.
+    assert framed[8:10] == b"\0\0"
+
+
+def test_unknown_api_versions_version_answered_in_v0_form():
+    framed = unsupported_version_response(9)
+    size, correlation_id, error, count = struct.unpack_from(">iihi", framed)
+    assert (correlation_id, error, count) == (9, 35, len(ADVERTISED))
+    keys = [struct.unpack_from(">hhh", framed, 14 + 6 * i) for i in range(count)]
+    assert {k: (lo, hi) for k, lo, hi in keys} == ADVERTISED
+
+
+def test_build_drops_fields_a_version_lacks():
+    v0 = response_schema(ApiKey.METADATA, 0)
+    partition = build(nested(v0, "MetadataResponsePartition"), error_code=ErrorCode.none, partition_index=0,
+                      leader_id=1, leader_epoch=5, replica_nodes=(1,), isr_nodes=(1,))
+    assert not hasattr(partition, "leader_epoch")
