@@ -1,0 +1,628 @@
+"""The object store contract on memory://, file:// and s3:// (moto), plus each backend's own cases."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+
+import pytest
+import trio
+
+from mink.storage.objectstore import (
+    FaultyObjectStore,
+    FileObjectStore,
+    LatencyObjectStore,
+    MemoryObjectStore,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStoreConfigError,
+    ObjectStoreError,
+    ObjectStoreUnavailable,
+    RetryPolicy,
+    open_object_store,
+)
+from tests.support.s3 import S3Faults, boto3_client, canned_s3_error, s3_options
+
+FAST_RETRY = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def store_spec(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict]:
+    if request.param == "memory":
+        return "memory://", {}
+    if request.param == "file":
+        return f"file://{tmp_path}", {}
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return request.getfixturevalue("s3_bucket_url"), {**s3_options(endpoint), "retry": FAST_RETRY}
+
+
+@pytest.fixture
+async def store(store_spec, aio_loop):
+    url, options = store_spec
+    store = open_object_store(url, **options)
+    yield store
+    await store.aclose()
+
+
+async def s3_store(url: str, endpoint: str, **options):
+    return open_object_store(url, **{**s3_options(endpoint), "retry": FAST_RETRY, **options})
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the contract, on every backend --
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"", b""),
+        (b"hello", b"hello"),
+        (bytearray(b"bytearray"), b"bytearray"),
+        (memoryview(b"xxview")[2:], b"view"),
+        ([b"scatter", memoryview(b"-gather-"), bytearray(b"!")], b"scatter-gather-!"),
+        ([], b""),
+    ],
+)
+async def test_create_then_get(store, data, expected):
+    await store.create("a/b/c", data)
+    got = await store.get("a/b/c")
+    assert type(got) is bytes and got == expected
+
+
+async def test_create_copies_the_callers_buffer(store):
+    buf = bytearray(b"before")
+    await store.create("k", [memoryview(buf)])
+    buf[:] = b"after!"
+    assert await store.get("k") == b"before"
+
+
+@pytest.mark.parametrize(
+    "start, end",
+    [
+        (0, None),
+        (5, None),
+        (5, 10),
+        (0, 1),
+        (10239, None),
+        (100, 100_000),
+        (10240, None),
+        (20_000, None),
+        (20_000, 30_000),
+        (7, 7),
+        (9, 3),
+        (0, 0),
+    ],
+)
+async def test_ranged_get_is_a_slice(store, start, end):
+    blob = bytes(range(256)) * 40
+    await store.create("ranged", blob)
+    assert await store.get("ranged", start, end) == blob[start:end]
+
+
+async def test_large_object_and_range(store):
+    blob = os.urandom(1 << 20) + bytes(3 << 20)
+    await store.create("big", [blob[: 1 << 21], memoryview(blob)[1 << 21 :]])
+    assert await store.get("big") == blob
+    assert await store.get("big", 1000, 1000 + (1 << 20)) == blob[1000 : 1000 + (1 << 20)]
+
+
+async def test_create_refuses_an_existing_key(store):
+    await store.create("wal/1/1/1", b"first")
+    with pytest.raises(ObjectExists):
+        await store.create("wal/1/1/1", b"second, longer")
+    with pytest.raises(ObjectExists):
+        await store.create("wal/1/1/1", b"first")
+    assert await store.get("wal/1/1/1") == b"first"
+
+
+async def test_concurrent_creates_of_one_key_one_wins(store):
+    results: dict[int, str] = {}
+
+    async def attempt(i: int) -> None:
+        try:
+            await store.create("contended", f"writer {i}".encode())
+            results[i] = "ok"
+        except ObjectExists:
+            results[i] = "exists"
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(attempt, i)
+    winners = [i for i, r in results.items() if r == "ok"]
+    assert len(winners) == 1 and len(results) == 8
+    assert await store.get("contended") == f"writer {winners[0]}".encode()
+
+
+async def test_missing_object(store):
+    for args in [(), (0, 10), (5, None), (3, 3)]:
+        with pytest.raises(ObjectNotFound):
+            await store.get("no/such/key", *args)
+
+
+async def test_delete_is_idempotent(store):
+    await store.create("d/k", b"x")
+    await store.delete("d/k")
+    await store.delete("d/k")
+    await store.delete("never/existed")
+    with pytest.raises(ObjectNotFound):
+        await store.get("d/k")
+    assert await store.list("d/") == []
+    await store.create("d/k", b"again")  # a deleted key can be created anew
+    assert await store.get("d/k") == b"again"
+
+
+async def test_list_by_prefix(store):
+    keys = ["wal/1/1/00000001", "wal/1/1/00000002", "wal/1/2/x", "wal/10/1/y", "streams/t-0/a", "top"]
+    for key in keys:
+        await store.create(key, b"v")
+    assert await store.list("") == sorted(keys)
+    assert await store.list("wal/1/") == ["wal/1/1/00000001", "wal/1/1/00000002", "wal/1/2/x"]
+    assert await store.list("wal/1") == ["wal/1/1/00000001", "wal/1/1/00000002", "wal/1/2/x", "wal/10/1/y"]
+    assert await store.list("wal/1/1/0000000") == ["wal/1/1/00000001", "wal/1/1/00000002"]
+    assert await store.list("streams/t-0/a") == ["streams/t-0/a"]
+    assert await store.list("t") == ["top"]
+    assert await store.list("nope/") == []
+    assert await store.list("wal/../") == []
+
+
+async def test_list_spans_pages(store):
+    if hasattr(store, "list_page_size"):  # s3: small pages instead of >1000 keys
+        store.list_page_size = 7
+        count = 40
+    else:
+        count = 1100
+    keys = [f"many/{i:05d}" for i in range(count)]
+    limiter = trio.CapacityLimiter(32)
+
+    async def create(key: str) -> None:
+        async with limiter:
+            await store.create(key, b"")
+
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(create, key)
+    await store.create("other/1", b"")
+    faults = await S3Faults.install(store) if hasattr(store, "list_page_size") else None
+    assert await store.list("many/") == keys
+    assert len(await store.list("")) == count + 1
+    if faults is not None:
+        assert faults.sent["ListObjectsV2"] == 6 + 6  # ceil(40 / 7) pages, twice
+
+
+async def test_check_passes_on_a_good_store(store):
+    await store.check()
+    assert await store.list("") == []  # the probe leaves nothing behind
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/", "../x", "a/./b", "a/../b"])
+async def test_invalid_keys_are_refused(store, key):
+    with pytest.raises(ValueError):
+        await store.create(key, b"x")
+    with pytest.raises(ValueError):
+        await store.get(key)
+
+
+async def test_a_closed_store_refuses_work(store_spec, aio_loop):
+    url, options = store_spec
+    store = open_object_store(url, **options)
+    await store.create("k", b"v")
+    await store.aclose()
+    with pytest.raises(ObjectStoreError):
+        await store.get("k")
+    await store.aclose()  # twice is fine
+
+
+# -- factory --
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://x/y", "file://relative/path", "file:relative", "s3:///no-bucket", "nothing"],
+)
+def test_bad_urls_are_config_errors(url):
+    with pytest.raises(ObjectStoreConfigError):
+        open_object_store(url)
+
+
+def test_factory_parses_urls(tmp_path):
+    file_store = open_object_store(f"file://{tmp_path}/sub/../x?fsync=false")
+    assert isinstance(file_store, FileObjectStore)
+    assert file_store.root == f"{tmp_path}/x" and file_store.fsync is False
+    assert open_object_store(f"file://{tmp_path}").fsync is True
+    s3 = open_object_store("s3://bucket/some/prefix", endpoint_url="http://127.0.0.1:1")
+    assert (s3.bucket, s3.prefix) == ("bucket", "some/prefix/")
+    assert open_object_store("s3://bucket").prefix == ""
+
+
+async def test_named_memory_stores_share_objects():
+    a, b = open_object_store("memory://shared-test"), open_object_store("memory://shared-test")
+    private = open_object_store("memory://")
+    await a.create("k", b"v")
+    assert await b.get("k") == b"v"
+    assert await private.list("") == []
+
+
+def test_retry_policy_backoff_has_full_jitter():
+    policy = RetryPolicy(attempts=5, base_delay=0.1, max_delay=0.5)
+    for failures, cap in [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.5), (60, 0.5)]:
+        delays = [policy.delay(failures) for _ in range(200)]
+        assert all(0 <= d <= cap for d in delays)
+        assert max(delays) > cap / 2  # spread over the whole interval
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
+
+
+# -- file:// --
+
+
+async def test_file_layout_and_no_leftovers(tmp_path):
+    store = FileObjectStore(str(tmp_path))
+    await store.create("wal/3/7/00000042", [b"ab", b"cd"])
+    assert (tmp_path / "wal/3/7/00000042").read_bytes() == b"abcd"
+    with pytest.raises(ObjectExists):
+        await store.create("wal/3/7/00000042", b"other")
+    assert sorted(p.name for p in (tmp_path / "wal/3/7").iterdir()) == ["00000042"]
+    (tmp_path / "wal/3/7/.mink-tmp-deadbeef").write_bytes(b"crash leftover")
+    assert await store.list("") == ["wal/3/7/00000042"]
+    with pytest.raises(ValueError):
+        await store.create("wal/.mink-tmp-x", b"reserved")
+
+
+async def test_file_key_below_an_object(tmp_path):
+    store = FileObjectStore(str(tmp_path))
+    await store.create("a", b"1")
+    with pytest.raises(ObjectStoreError):
+        await store.create("a/b", b"2")
+    await store.create("d/e", b"3")
+    with pytest.raises(ObjectStoreError) as info:
+        await store.create("d", b"4")
+    assert not isinstance(info.value, ObjectExists)
+    with pytest.raises(ObjectNotFound):
+        await store.get("d")
+
+
+async def test_file_check_missing_folder(tmp_path):
+    store = open_object_store(f"file://{tmp_path}/missing")
+    with pytest.raises(ObjectStoreConfigError, match="does not exist.*mkdir -p"):
+        await store.check()
+    with pytest.raises(ObjectStoreConfigError, match="does not exist"):
+        await store.create("k", b"v")  # the root is never created behind the operator's back
+    assert not (tmp_path / "missing").exists()
+
+
+async def test_file_check_not_a_folder(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ObjectStoreConfigError, match="not a folder"):
+        await open_object_store(f"file://{tmp_path}/file").check()
+
+
+async def test_file_check_unwritable_folder(tmp_path, monkeypatch):
+    root = tmp_path / "readonly"
+    root.mkdir()
+    root.chmod(0o555)
+    if os.geteuid() == 0:  # root ignores permissions: refuse creation below `root` as the kernel would
+        real_open = os.open
+
+        def refusing_open(path, flags, *args, **kwargs):
+            if str(path).startswith(str(root)) and flags & os.O_CREAT:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refusing_open)
+    store = open_object_store(f"file://{root}")
+    try:
+        with pytest.raises(ObjectStoreConfigError, match="cannot write.*make it writable"):
+            await store.check()
+        with pytest.raises(ObjectStoreConfigError, match="permissions"):
+            await store.create("k", b"v")
+    finally:
+        root.chmod(0o755)
+
+
+# -- s3:// --
+
+
+async def test_s3_keys_live_under_the_prefix(s3_endpoint, s3_bucket_url, aio_loop):
+    bucket = s3_bucket_url.removeprefix("s3://").split("/")[0]
+    a = await s3_store(f"s3://{bucket}/node-a", s3_endpoint)
+    b = await s3_store(f"s3://{bucket}/node-b/", s3_endpoint)
+    try:
+        await a.create("wal/1", b"a")
+        await b.create("wal/1", b"b")
+        assert await a.list("") == ["wal/1"] and await a.get("wal/1") == b"a"
+        assert await b.list("wal/") == ["wal/1"] and await b.get("wal/1") == b"b"
+        keys = [o["Key"] for o in boto3_client(s3_endpoint).list_objects_v2(Bucket=bucket)["Contents"]]
+        assert keys == ["node-a/wal/1", "node-b/wal/1"]
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_s3_check_missing_bucket(s3_endpoint, aio_loop):
+    store = await s3_store("s3://no-such-bucket-here/x", s3_endpoint)
+    try:
+        with pytest.raises(ObjectStoreConfigError, match="'no-such-bucket-here' does not exist"):
+            await store.check()
+        with pytest.raises(ObjectStoreConfigError, match="does not exist"):
+            await store.create("k", b"v")
+    finally:
+        await store.aclose()
+
+
+async def test_s3_check_dead_endpoint(aio_loop):
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    store = await s3_store("s3://bucket/x", endpoint, connect_timeout=1.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreConfigError, match=f"cannot reach the S3 endpoint {endpoint}"):
+            await store.check()
+        with pytest.raises(ObjectStoreUnavailable, match="failed 3 times"):
+            await store.get("k")
+        assert time.monotonic() - t0 < 5
+    finally:
+        await store.aclose()
+
+
+async def test_s3_check_refused_credentials(s3_endpoint, s3_bucket_url, aio_loop):
+    store = await s3_store(s3_bucket_url, s3_endpoint)
+    try:
+        faults = await S3Faults.install(store)
+        faults.fail("HeadBucket", None, status=403, code="403")  # a HEAD error has no body
+        with pytest.raises(ObjectStoreConfigError, match="check the credentials"):
+            await store.check()
+        faults.clear()
+        faults.fail("PutObject", None, status=403, code="InvalidAccessKeyId")
+        with pytest.raises(ObjectStoreConfigError, match="InvalidAccessKeyId"):
+            await store.check()
+        assert faults.sent["PutObject"] == 1  # not retried
+    finally:
+        await store.aclose()
+
+
+async def test_s3_check_without_credentials(s3_endpoint, s3_bucket_url, aio_loop, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = open_object_store(s3_bucket_url, endpoint_url=s3_endpoint, retry=FAST_RETRY)
+    try:
+        with pytest.raises(ObjectStoreConfigError, match="AWS_ACCESS_KEY_ID"):
+            await store.check()
+    finally:
+        await store.aclose()
+
+
+async def test_s3_conditional_create_is_enforced_by_moto(s3_endpoint, s3_bucket_url, aio_loop):
+    store = await s3_store(s3_bucket_url, s3_endpoint)
+    try:
+        await store.check()
+        assert store.conditional_create_enforced is True
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    "operation, status, code",
+    [
+        ("PutObject", 503, "SlowDown"),
+        ("PutObject", 500, "InternalError"),
+        ("GetObject", 503, "SlowDown"),
+        ("GetObject", 400, "RequestTimeout"),
+        ("ListObjectsV2", 502, "BadGateway"),
+    ],
+)
+async def test_s3_transient_errors_are_retried(s3_endpoint, s3_bucket_url, aio_loop, operation, status, code):
+    store = await s3_store(s3_bucket_url, s3_endpoint)
+    try:
+        faults = await S3Faults.install(store)
+        if operation != "PutObject":
+            await store.create("k", b"value")
+        faults.fail(operation, 2, status=status, code=code)
+        sent_before = faults.sent.get(operation, 0)
+        if operation == "PutObject":
+            await store.create("k", b"value")
+        elif operation == "GetObject":
+            assert await store.get("k", 1, 3) == b"al"
+        else:
+            assert await store.list("") == ["k"]
+        assert faults.sent[operation] - sent_before == 3
+        assert await store.get("k") == b"value"
+    finally:
+        await store.aclose()
+
+
+async def test_s3_connection_errors_are_retried(s3_endpoint, s3_bucket_url, aio_loop):
+    from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+
+    store = await s3_store(s3_bucket_url, s3_endpoint)
+    try:
+        faults = await S3Faults.install(store)
+        faults.fail("PutObject", 1, exc=lambda: EndpointConnectionError(endpoint_url=s3_endpoint))
+        faults.fail("PutObject", 1, exc=lambda: ConnectionClosedError(endpoint_url=s3_endpoint))
+        await store.create("k", b"value")
+        faults.fail("GetObject", 2, exc=lambda: ReadTimeoutError(endpoint_url=s3_endpoint))
+        assert await store.get("k") == b"value"
+        assert faults.sent == {"PutObject": 3, "GetObject": 3}
+    finally:
+        await store.aclose()
+
+
+async def test_s3_retries_are_exhausted_in_bounded_time(s3_endpoint, s3_bucket_url, aio_loop):
+    policy = RetryPolicy(attempts=4, base_delay=0.05, max_delay=0.1)
+    store = await s3_store(s3_bucket_url, s3_endpoint, retry=policy)
+    try:
+        faults = await S3Faults.install(store)
+        faults.fail("*", None, status=503, code="SlowDown")
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreUnavailable, match="failed 4 times.*SlowDown"):
+            await store.create("k", b"v")
+        assert time.monotonic() - t0 < 0.05 + 0.1 + 0.1 + 1.0  # the back-off sleeps + slack
+        assert faults.sent["PutObject"] == 4
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    "operation, status, code, error",
+    [
+        ("GetObject", 404, "NoSuchKey", ObjectNotFound),
+        ("GetObject", 403, "AccessDenied", ObjectStoreConfigError),
+        ("PutObject", 412, "PreconditionFailed", ObjectExists),
+        ("PutObject", 400, "InvalidArgument", ObjectStoreError),
+        ("DeleteObject", 404, "NoSuchBucket", ObjectStoreConfigError),
+    ],
+)
+async def test_s3_client_errors_are_not_retried(
+    s3_endpoint, s3_bucket_url, aio_loop, operation, status, code, error
+):
+    store = await s3_store(s3_bucket_url, s3_endpoint)
+    try:
+        faults = await S3Faults.install(store)
+        faults.fail(operation, None, status=status, code=code)
+        with pytest.raises(error) as info:
+            if operation == "GetObject":
+                await store.get("k")
+            elif operation == "PutObject":
+                await store.create("k", b"v")
+            else:
+                await store.delete("k")
+        assert not isinstance(info.value, ObjectStoreUnavailable)
+        assert faults.sent[operation] == 1
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("stored, outcome", [(b"12345", None), (b"other size", ObjectExists)])
+async def test_s3_create_whose_lost_first_attempt_landed(
+    s3_endpoint, s3_bucket_url, aio_loop, stored, outcome
+):
+    """The first PUT stores the object but its answer is lost (here: replaced by a 503)."""
+    store = await s3_store(s3_bucket_url, s3_endpoint)
+    sync = boto3_client(s3_endpoint)
+    try:
+        faults = await S3Faults.install(store)
+
+        def land_then_fail():
+            sync.put_object(Bucket=store.bucket, Key=store.prefix + "wal/1", Body=stored)
+            return canned_s3_error(503, "SlowDown")
+
+        faults.fail("PutObject", 1, exc=land_then_fail)
+        if outcome is None:
+            await store.create("wal/1", b"12345")  # same size: our own earlier attempt
+        else:
+            with pytest.raises(outcome):
+                await store.create("wal/1", b"12345")
+        assert faults.sent == {"PutObject": 2, "HeadObject": 1}
+        # A refusal on the first attempt never counts as success, whatever the size.
+        with pytest.raises(ObjectExists):
+            await store.create("wal/1", stored)
+    finally:
+        sync.close()
+        await store.aclose()
+
+
+# -- LatencyObjectStore, FaultyObjectStore --
+
+
+async def test_latency_store_delays_each_request_concurrently(autojump_clock):
+    store = LatencyObjectStore(MemoryObjectStore(), mean_s=0.020, jitter_s=0.010)
+    t0 = trio.current_time()
+    await store.create("k", b"v")
+    assert 0.010 <= trio.current_time() - t0 <= 0.030
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for i in range(50):
+            nursery.start_soon(store.create, f"k{i}", b"v")
+    assert trio.current_time() - t0 <= 0.030  # overlapping, not serialized
+    assert await store.get("k") == b"v"
+    assert len(await store.list("k")) == 51
+    await store.delete("k")
+    assert dict(store.counts) == {"create": 51, "get": 1, "list": 1, "delete": 1}
+
+
+async def test_latency_store_bandwidth(autojump_clock):
+    store = LatencyObjectStore(MemoryObjectStore(), mean_s=0.010, jitter_s=0.0, bytes_per_s=1e6)
+    t0 = trio.current_time()
+    await store.create("k", [bytes(500_000), memoryview(bytes(500_000))])
+    assert trio.current_time() - t0 == pytest.approx(1.010)
+    t0 = trio.current_time()
+    await store.get("k", 0, 100_000)
+    assert trio.current_time() - t0 == pytest.approx(0.110)
+
+
+async def test_faulty_store_fail_next():
+    store = FaultyObjectStore(MemoryObjectStore())
+    store.fail_next("create", 2)
+    for _ in range(2):
+        with pytest.raises(ObjectStoreUnavailable, match="injected"):
+            await store.create("k", b"v")
+    with pytest.raises(ObjectNotFound):
+        await store.get("k")
+    await store.create("k", b"v")
+    assert await store.get("k") == b"v"
+    store.fail_next("get", exc=ObjectNotFound("gone"))
+    with pytest.raises(ObjectNotFound, match="gone"):
+        await store.get("k")
+    store.fail_next("delete", key="other")
+    await store.delete("k")  # another key: not affected
+    with pytest.raises(ObjectStoreUnavailable):
+        await store.delete("other")
+    assert store.calls == [("create", "k")] * 2 + [("get", "k"), ("create", "k")] + [("get", "k")] * 2 + [
+        ("delete", "k"),
+        ("delete", "other"),
+    ]
+
+
+async def test_faulty_store_fail_after_the_operation_took_effect():
+    store = FaultyObjectStore(MemoryObjectStore())
+    store.fail_next("create", after=True)
+    with pytest.raises(ObjectStoreUnavailable):
+        await store.create("k", b"v")
+    assert await store.get("k") == b"v"  # the upload landed, its answer was "lost"
+
+
+async def test_faulty_store_predicate_and_removal():
+    store = FaultyObjectStore(MemoryObjectStore())
+    remove = store.fail_when(
+        lambda op, key: key.startswith("wal/"), exc=lambda op, key: ObjectStoreError(f"{op}:{key}")
+    )
+    for _ in range(3):
+        with pytest.raises(ObjectStoreError, match="create:wal/1"):
+            await store.create("wal/1", b"v")
+    await store.create("streams/1", b"v")
+    remove()
+    await store.create("wal/1", b"v")
+    store.fail_next("*", 1)
+    with pytest.raises(ObjectStoreUnavailable):
+        await store.list("")
+    assert await store.list("") == ["streams/1", "wal/1"]
+    with pytest.raises(ValueError):
+        store.fail_next("put")
+
+
+async def test_faulty_store_stall():
+    store = FaultyObjectStore(MemoryObjectStore())
+    release = trio.Event()
+    store.stall("create", release, n=1)
+    done = trio.Event()
+
+    async def create() -> None:
+        await store.create("k", b"v")
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(create)
+        await trio.sleep(0.01)
+        assert not done.is_set()
+        with pytest.raises(ObjectNotFound):
+            await store.get("k")
+        release.set()
+    assert await store.get("k") == b"v"
