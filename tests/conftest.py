@@ -4,6 +4,7 @@ import trio_asyncio
 pytest_plugins = [
     "tests.support.postgres",
     "tests.support.s3",
+    "tests.support.nodes",
 ]
 
 

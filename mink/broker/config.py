@@ -1,0 +1,101 @@
+"""Node configuration: one msgspec struct, read from defaults, a TOML file, MINK_* environment
+variables and command-line flags, each overriding the one before."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    node_id: int = 1
+    listener: str = "127.0.0.1:9092"
+    # What clients are told to connect to; the listener when unset.
+    advertised_listener: str | None = None
+    rack: str | None = None
+    # Required by `mink serve`; `mink dev` starts an embedded PostgreSQL and fills it in.
+    postgres_url: str | None = None
+    object_store: str = "memory://"
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+
+    # Cluster timing (seconds).
+    lease_ttl: float = 30.0
+    coordinator_tick: float = 5.0
+
+    # WAL: a buffer is flushed at wal_max_bytes, or wal_max_delay_ms after its first batch.
+    # On file:// a flush starts as soon as no other flush is running; on S3 the delay bounds
+    # the PUT rate (None picks by store: 0 for file:// and memory://, 50 ms for s3://).
+    wal_max_bytes: int = 8 * 1024 * 1024
+    wal_max_delay_ms: float | None = None
+    wal_max_concurrent_uploads: int = 4
+    commit_timeout: float = 10.0
+
+    # Kafka broker settings, with Kafka's names turned into identifiers.
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    auto_create_topics_enable: bool = True
+    num_partitions: int = 1
+    message_max_bytes: int = 1048588
+    log_retention_ms: int = 7 * 24 * 3600 * 1000
+
+    log_level: str = "INFO"
+
+    def listener_address(self) -> tuple[str, int]:
+        return split_host_port(self.listener)
+
+    def advertised_address(self) -> tuple[str, int]:
+        return split_host_port(self.advertised_listener or self.listener)
+
+    def effective_wal_max_delay_ms(self) -> float:
+        if self.wal_max_delay_ms is not None:
+            return self.wal_max_delay_ms
+        return 50.0 if self.object_store.startswith("s3://") else 0.0
+
+
+class ConfigError(Exception):
+    pass
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+ENV_PREFIX = "MINK_"
+
+
+def load_config(
+    file: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Defaults < TOML file < MINK_* environment variables < overrides (command-line flags)."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            values.update(msgspec.toml.decode(Path(file).read_bytes()))
+        except (OSError, msgspec.DecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc}") from None
+    env = os.environ if env is None else env
+    fields = set(Config.__struct_fields__)
+    for key, raw in env.items():
+        if key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX) :].lower()
+            if name in fields:
+                values[name] = raw
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        # strict=False lets environment strings become ints, floats and booleans.
+        config = msgspec.convert(values, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    config.listener_address()
+    config.advertised_address()
+    return config

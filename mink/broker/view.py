@@ -1,0 +1,53 @@
+"""The node's view of the cluster: an immutable snapshot of the control-plane state in
+PostgreSQL, replaced whole by the sync task whenever the change log moves. Handlers read
+one snapshot per request, so they never see half of a change."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    index: int
+    leader: int | None
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    topic_id: uuid.UUID
+    name: str
+    partitions: tuple[PartitionInfo, ...]
+    config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    version: int
+    cluster_id: str
+    brokers: dict[int, BrokerInfo]
+    topics: dict[str, TopicInfo]
+    coordinator: int | None = None
+
+    @property
+    def controller_id(self) -> int:
+        # Admin clients send to the controller: never answer -1 while any node is live.
+        if self.coordinator is not None and self.coordinator in self.brokers:
+            return self.coordinator
+        return min(self.brokers, default=-1)
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
+        for topic in self.topics.values():
+            if topic.topic_id == topic_id:
+                return topic
+        return None
