@@ -1,0 +1,290 @@
+"""A partition's log on its leader: offsets, pending appends, the tail cache, and reads.
+
+`PartitionLog.append` is synchronous on purpose: offsets are assigned and the batch is in the
+WAL buffer before the caller yields, so requests on one connection keep their order
+(DESIGN, write path step 1). Durability is awaited separately on the returned `PendingAppend`.
+
+Consumers only ever see committed data: the high watermark is the committed end offset, and
+the tail cache holds committed ranges only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from mink.protocol.records import patch_batch
+
+if TYPE_CHECKING:
+    from mink.storage.wal import WalWriter
+
+log = logging.getLogger(__name__)
+
+_BATCH_POSITION = struct.Struct(">qi")  # baseOffset, batchLength
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+
+
+class LogError(Exception):
+    """Base of the reasons an append or a read cannot be served."""
+
+
+class NotLeader(LogError):
+    """This node does not (or no longer) lead the partition at this leader epoch."""
+
+
+class StorageUnavailable(LogError):
+    """The object store or PostgreSQL failed; nothing was written. Retriable."""
+
+
+class AppendInDoubt(LogError):
+    """The commit's outcome is not known yet. The batch may or may not become visible."""
+
+
+class OffsetOutOfRange(LogError):
+    pass
+
+
+@dataclass(eq=False)
+class PendingAppend:
+    """One append waiting for its WAL object to be uploaded and committed."""
+
+    log: PartitionLog
+    base_offset: int
+    last_offset: int
+    generation: int
+    done: trio.Event = field(default_factory=trio.Event)
+    error: LogError | None = None
+
+    def resolve(self, error: LogError | None = None) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+    async def wait(self) -> int:
+        """The base offset once durable; raises the LogError that failed it."""
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.base_offset
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Committed batches of one partition, contiguous in offsets and bytes."""
+
+    base_offset: int
+    last_offset: int
+    data: bytes | memoryview
+
+
+class PartitionLog:
+    def __init__(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
+                 committed_end: int, log_start_offset: int, wal: WalWriter,
+                 caches: ReadCaches) -> None:
+        self.topic_id = topic_id
+        self.partition = partition
+        self.leader_epoch = leader_epoch
+        self.committed_end = committed_end  # the high watermark
+        self.log_start_offset = log_start_offset
+        self.next_offset = committed_end
+        self.wal = wal
+        self.caches = caches
+        self.pending: collections.deque[PendingAppend] = collections.deque()
+        # Grows at each reset; WAL ranges of an older generation are never committed.
+        self.generation = 0
+        self.closed: LogError | None = None
+        self.frozen = False
+        self.tail: collections.deque[Chunk] = collections.deque()
+        self._committed = trio.Event()
+
+    @property
+    def key(self) -> tuple[uuid.UUID, int]:
+        return (self.topic_id, self.partition)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def append(self, records: bytearray, batch_counts: list[int], max_timestamp: int,
+               producer_states: list | None = None) -> PendingAppend:
+        """Assign offsets to the batches in `records` (patched in place) and queue them.
+
+        `batch_counts` is the number of records of each batch, in order. No await here.
+        """
+        if self.closed is not None:
+            raise self.closed
+        if self.frozen:
+            raise StorageUnavailable("partition frozen until an in-doubt commit is resolved")
+        base = self.next_offset
+        position = 0
+        offset = base
+        for count in batch_counts:
+            patch_batch(records, position, offset, self.leader_epoch)
+            (_, length) = _BATCH_POSITION.unpack_from(records, position)
+            position += length + 12
+            offset += count
+        pending = PendingAppend(self, base, offset - 1, self.generation)
+        self.next_offset = offset
+        self.pending.append(pending)
+        self.wal.add(self, pending, records, max_timestamp, len(batch_counts),
+                     producer_states or [])
+        return pending
+
+    def committed(self, chunks: list[Chunk]) -> None:
+        """A WAL range of ours was committed: resolve its appends, publish it to readers."""
+        last_offset = chunks[-1].last_offset
+        self.committed_end = last_offset + 1
+        while self.pending and self.pending[0].last_offset <= last_offset:
+            self.pending.popleft().resolve()
+        for chunk in chunks:
+            self.caches.add_tail(self, chunk)
+        self._committed.set()
+        self._committed = trio.Event()
+
+    def reset(self, error: LogError, from_offset: int | None = None) -> None:
+        """Fail every pending append (from `from_offset` on) and go back to the committed end."""
+        self.generation += 1
+        kept: collections.deque[PendingAppend] = collections.deque()
+        for pending in self.pending:
+            if from_offset is not None and pending.last_offset < from_offset:
+                kept.append(pending)
+            else:
+                pending.resolve(error)
+        self.pending = kept
+        self.next_offset = kept[-1].last_offset + 1 if kept else self.committed_end
+
+    def close(self, error: LogError) -> None:
+        """This node lost the partition (or is shutting down): fail everything pending."""
+        if self.closed is None:
+            self.closed = error
+            self.reset(error)
+            self.caches.drop_tail(self)
+            self._committed.set()
+
+    # -- reads --------------------------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self.committed_end
+
+    async def wait_for_data(self, offset: int) -> None:
+        """Return once the committed end is past `offset` (or the log closes)."""
+        while self.committed_end <= offset and self.closed is None:
+            await self._committed.wait()
+
+    async def read(self, offset: int, max_bytes: int) -> list[memoryview]:
+        """Committed batches from the one holding `offset`, about `max_bytes` worth (the
+        first batch always whole, KIP-74). Empty at the high watermark."""
+        if self.closed is not None:
+            raise self.closed
+        if offset < self.log_start_offset or offset > self.committed_end:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{self.log_start_offset}, {self.committed_end}]")
+        if offset == self.committed_end:
+            return []
+        out: list[memoryview] = []
+        size = 0
+        tail_start = self.tail[0].base_offset if self.tail else self.committed_end
+        if offset < tail_start:
+            for chunk in await self.caches.read_cold(self, offset, max_bytes):
+                size = _take(out, chunk, offset, size, max_bytes)
+                offset = chunk.last_offset + 1
+                if size >= max_bytes:
+                    return out
+        for chunk in list(self.tail):
+            if chunk.last_offset < offset:
+                continue
+            size = _take(out, chunk, offset, size, max_bytes)
+            if size >= max_bytes:
+                break
+        return out
+
+
+def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int, max_bytes: int) -> int:
+    """Append the batches of `chunk` from the one holding `offset` while they fit in
+    `max_bytes`; the very first batch of a read goes out whole even if larger (KIP-74)."""
+    data = memoryview(chunk.data)
+    position = 0
+    start = end = -1
+    while position + 27 <= len(data):
+        base, length = _BATCH_POSITION.unpack_from(data, position)
+        (last_delta,) = _LAST_OFFSET_DELTA.unpack_from(data, position + 23)
+        batch_end = position + 12 + length
+        if base + last_delta >= offset:
+            if start < 0:
+                start = end = position
+            taken = size + (end - start)
+            if taken > 0 and taken + (batch_end - end) > max_bytes:
+                break
+            end = batch_end
+        position = batch_end
+    if end > start:
+        out.append(data[start:end])
+        size += end - start
+    return size
+
+
+class ReadCaches:
+    """The tail cache (recent committed ranges of every open log) and a block cache of
+    ranged GETs, both bounded in bytes; cold reads go through the index in PostgreSQL."""
+
+    def __init__(self, metadata, objects, tail_bytes: int = 256 * 1024 * 1024,
+                 block_bytes: int = 256 * 1024 * 1024) -> None:
+        self.metadata = metadata
+        self.objects = objects
+        self.tail_budget = tail_bytes
+        self.tail_used = 0
+        self._tail_order: collections.deque[tuple[PartitionLog, Chunk]] = collections.deque()
+        self.block_budget = block_bytes
+        self.block_used = 0
+        self._blocks: collections.OrderedDict[tuple[str, int, int], bytes] = (
+            collections.OrderedDict())
+
+    def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
+        log_.tail.append(chunk)
+        self._tail_order.append((log_, chunk))
+        self.tail_used += len(chunk.data)
+        while self.tail_used > self.tail_budget and self._tail_order:
+            old_log, old_chunk = self._tail_order.popleft()
+            if old_log.tail and old_log.tail[0] is old_chunk:
+                old_log.tail.popleft()
+                self.tail_used -= len(old_chunk.data)
+
+    def drop_tail(self, log_: PartitionLog) -> None:
+        for chunk in log_.tail:
+            self.tail_used -= len(chunk.data)
+        log_.tail.clear()
+        self._tail_order = collections.deque(
+            (l, c) for l, c in self._tail_order if l is not log_)
+
+    async def read_cold(self, log_: PartitionLog, offset: int, max_bytes: int) -> list[Chunk]:
+        rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
+                                                max_rows=16)
+        chunks: list[Chunk] = []
+        size = 0
+        for row in rows:
+            data = await self.get_block(row.object_key, row.byte_start, row.byte_end)
+            chunks.append(Chunk(row.base_offset, row.last_offset, data))
+            size += len(data)
+            if size >= max_bytes:
+                break
+        return chunks
+
+    async def get_block(self, key: str, start: int, end: int) -> bytes:
+        block_key = (key, start, end)
+        data = self._blocks.get(block_key)
+        if data is not None:
+            self._blocks.move_to_end(block_key)
+            return data
+        data = await self.objects.get(key, start, end)
+        self._blocks[block_key] = data
+        self.block_used += len(data)
+        while self.block_used > self.block_budget and self._blocks:
+            _, old = self._blocks.popitem(last=False)
+            self.block_used -= len(old)
+        return data

@@ -1,0 +1,66 @@
+"""The partitions this node has open, sharing one WAL writer and one set of read caches."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import trio
+
+from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
+from mink.storage.wal import WalWriter
+
+log = logging.getLogger(__name__)
+
+
+class Streams:
+    def __init__(self, node_id: int, node_epoch: int, objects, metadata, *,
+                 wal_max_bytes: int = 8 * 1024 * 1024, wal_max_delay: float = 0.0,
+                 wal_max_uploads: int = 1, commit_timeout: float = 10.0,
+                 tail_cache_bytes: int = 256 * 1024 * 1024,
+                 block_cache_bytes: int = 256 * 1024 * 1024) -> None:
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.metadata = metadata
+        self.caches = ReadCaches(metadata, objects, tail_cache_bytes, block_cache_bytes)
+        self.wal = WalWriter(node_id, node_epoch, objects, metadata, max_bytes=wal_max_bytes,
+                             max_delay=wal_max_delay, max_uploads=wal_max_uploads,
+                             commit_timeout=commit_timeout, on_fenced=self._on_fenced)
+        self.logs: dict[tuple[uuid.UUID, int], PartitionLog] = {}
+        self.fenced = trio.Event()  # set when a commit was refused; the owner resyncs
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self.wal.run(task_status=task_status)
+        finally:
+            for partition_log in list(self.logs.values()):
+                partition_log.close(NotLeader("node stopping"))
+
+    def get(self, topic_id: uuid.UUID, partition: int) -> PartitionLog | None:
+        return self.logs.get((topic_id, partition))
+
+    async def open(self, topic_id: uuid.UUID, partition: int, leader_epoch: int) -> PartitionLog:
+        """OpenStream at `leader_epoch`: the fence. Raises the metadata store's refusal."""
+        current = self.logs.get((topic_id, partition))
+        if current is not None and current.closed is None:
+            if current.leader_epoch == leader_epoch:
+                return current
+            current.close(NotLeader("reopened at a new leader epoch"))
+        state = await self.metadata.open_stream(topic_id, partition, leader_epoch,
+                                                self.node_id, self.node_epoch)
+        opened = PartitionLog(topic_id, partition, leader_epoch, state.committed_end,
+                              state.log_start_offset, self.wal, self.caches)
+        self.logs[(topic_id, partition)] = opened
+        log.info("opened %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
+                 leader_epoch, state.log_start_offset, state.committed_end)
+        return opened
+
+    def close(self, topic_id: uuid.UUID, partition: int, error: LogError | None = None) -> None:
+        partition_log = self.logs.pop((topic_id, partition), None)
+        if partition_log is not None:
+            partition_log.close(error or NotLeader("partition closed on this node"))
+
+    def _on_fenced(self, partition_log: PartitionLog, reason: str) -> None:
+        if self.logs.get(partition_log.key) is partition_log:
+            del self.logs[partition_log.key]
+        self.fenced.set()

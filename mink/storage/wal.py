@@ -1,0 +1,341 @@
+"""The epoch-fenced WAL (DESIGN, "Write path"): where a batch is made durable.
+
+Appends of many partitions collect in one buffer. A flush seals the buffer into one
+immutable object, `wal/<node>/<node epoch>/<seq>`, created if absent. Uploads may overlap
+(bounded); commits go to PostgreSQL in sequence order, several uploaded objects per round
+trip. Only a commit acknowledges an append. A range the commit refuses means this node lost
+that partition; a failed upload fails the partition's later appends too and rewinds its next
+offset to the committed end. A commit whose outcome is unknown (timeout, lost connection)
+freezes its partitions and is repeated until PostgreSQL answers: CommitWal is keyed by the
+object key, so a repeat returns the first outcome. Nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from mink.storage.log import (
+    Chunk,
+    NotLeader,
+    PartitionLog,
+    PendingAppend,
+    StorageUnavailable,
+)
+from mink.storage.metadata import MetadataUnavailable, StaleEpoch, WalObject, WalRange
+from mink.storage.objectstore import ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+FOOTER_MAGIC = b"MWAL"
+_FOOTER_TRAILER = struct.Struct(">I4s")
+
+
+class FooterRange(msgspec.Struct, array_like=True):
+    topic_id: str
+    partition: int
+    leader_epoch: int
+    base_offset: int
+    last_offset: int
+    byte_start: int
+    byte_end: int
+
+
+class Footer(msgspec.Struct):
+    """Indexes the object by itself, for tools and tiering; readers use PostgreSQL's index."""
+
+    node_id: int
+    node_epoch: int
+    ranges: list[FooterRange]
+
+
+def wal_key(node_id: int, node_epoch: int, seq: int) -> str:
+    return f"wal/{node_id}/{node_epoch}/{seq:012d}"
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    pending: PendingAppend
+    data: bytearray
+    max_timestamp: int
+    batch_count: int
+    producer_states: list
+
+
+@dataclass(eq=False)
+class _Range:
+    log: PartitionLog
+    generation: int
+    entries: list[_Entry]
+    byte_start: int
+    byte_end: int
+
+    @property
+    def base_offset(self) -> int:
+        return self.entries[0].pending.base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.entries[-1].pending.last_offset
+
+    def is_current(self) -> bool:
+        return self.log.closed is None and self.generation == self.log.generation
+
+    def as_wal_range(self) -> WalRange:
+        states: dict[int, object] = {}
+        for entry in self.entries:
+            for state in entry.producer_states:
+                states[state.producer_id] = state  # the latest state of each producer
+        return WalRange(
+            topic_id=self.log.topic_id, partition=self.log.partition,
+            leader_epoch=self.log.leader_epoch, base_offset=self.base_offset,
+            last_offset=self.last_offset, byte_start=self.byte_start, byte_end=self.byte_end,
+            max_timestamp=max(e.max_timestamp for e in self.entries),
+            batch_count=sum(e.batch_count for e in self.entries),
+            producer_states=list(states.values()))
+
+    def chunks(self) -> list[Chunk]:
+        return [Chunk(e.pending.base_offset, e.pending.last_offset, e.data)
+                for e in self.entries]
+
+
+@dataclass(eq=False)
+class _WalObject:
+    seq: int
+    key: str
+    ranges: list[_Range]
+    parts: list
+    size: int
+    data_bytes: int
+    uploaded: trio.Event = field(default_factory=trio.Event)
+    upload_error: Exception | None = None
+
+
+class WalWriter:
+    def __init__(self, node_id: int, node_epoch: int, objects, metadata, *,
+                 max_bytes: int = 8 * 1024 * 1024, max_delay: float = 0.0,
+                 max_uploads: int = 1, commit_timeout: float = 10.0,
+                 max_buffered_bytes: int | None = None,
+                 on_fenced: Callable[[PartitionLog, str], None] | None = None) -> None:
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self.objects = objects
+        self.metadata = metadata
+        self.max_bytes = max_bytes
+        self.max_delay = max_delay
+        self.commit_timeout = commit_timeout
+        self.max_buffered_bytes = max_buffered_bytes or max_bytes * (max_uploads + 4)
+        self.on_fenced = on_fenced or (lambda _log, _reason: None)
+        self._upload_slots = trio.Semaphore(max_uploads)
+        self._buffer: dict[PartitionLog, list[_Entry]] = {}
+        self._buffer_bytes = 0
+        self._buffer_started = 0.0
+        self._unflushed_bytes = 0  # buffered plus uploading plus waiting for commit
+        self._data_added = trio.Event()
+        self._room = trio.Event()
+        self._in_flight: collections.deque[_WalObject] = collections.deque()
+        self._object_uploaded = trio.Event()
+        self._seq = 0
+
+    # -- called by PartitionLog.append, synchronously -------------------------------------
+
+    def add(self, log_: PartitionLog, pending: PendingAppend, data: bytearray,
+            max_timestamp: int, batch_count: int, producer_states: list) -> None:
+        if not self._buffer:
+            self._buffer_started = trio.current_time()
+        self._buffer.setdefault(log_, []).append(
+            _Entry(pending, data, max_timestamp, batch_count, producer_states))
+        self._buffer_bytes += len(data)
+        self._unflushed_bytes += len(data)
+        self._data_added.set()
+
+    async def wait_for_room(self) -> None:
+        """Back-pressure: wait while too many bytes wait for their commit."""
+        while self._unflushed_bytes >= self.max_buffered_bytes:
+            await self._room.wait()
+
+    # -- background -----------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._flush_loop, nursery)
+            nursery.start_soon(self._commit_loop)
+            task_status.started()
+
+    async def _wait_for_data(self) -> None:
+        await self._data_added.wait()
+        self._data_added = trio.Event()
+
+    async def _flush_loop(self, nursery: trio.Nursery) -> None:
+        while True:
+            while not self._buffer:
+                await self._wait_for_data()
+            if self.max_delay > 0:
+                # On S3 every PUT is paid for: let the buffer fill for up to max_delay.
+                with trio.move_on_at(self._buffer_started + self.max_delay):
+                    while self._buffer_bytes < self.max_bytes:
+                        await self._wait_for_data()
+            # Waiting for a slot lets the buffer grow: group commit under load.
+            await self._upload_slots.acquire()
+            obj = self._seal()
+            if obj is None:
+                self._upload_slots.release()
+                continue
+            self._in_flight.append(obj)
+            nursery.start_soon(self._upload, obj)
+
+    def _seal(self) -> _WalObject | None:
+        buffer, self._buffer = self._buffer, {}
+        buffered, self._buffer_bytes = self._buffer_bytes, 0
+        parts: list = []
+        ranges: list[_Range] = []
+        position = 0
+        for log_, entries in buffer.items():
+            # Appends failed by a reset since they were buffered are dropped here.
+            live = [e for e in entries if not e.pending.done.is_set()
+                    and e.pending.generation == log_.generation]
+            if not live or log_.closed is not None:
+                continue
+            start = position
+            for entry in live:
+                parts.append(entry.data)
+                position += len(entry.data)
+            ranges.append(_Range(log_, log_.generation, live, start, position))
+        self._unflushed_bytes -= buffered - position  # what was dropped
+        self._signal_room()
+        if not ranges:
+            return None
+        footer = msgspec.msgpack.encode(Footer(self.node_id, self.node_epoch, [
+            FooterRange(str(r.log.topic_id), r.log.partition, r.log.leader_epoch,
+                        r.base_offset, r.last_offset, r.byte_start, r.byte_end)
+            for r in ranges]))
+        parts.append(footer)
+        parts.append(_FOOTER_TRAILER.pack(len(footer), FOOTER_MAGIC))
+        self._seq += 1
+        size = position + len(footer) + _FOOTER_TRAILER.size
+        return _WalObject(self._seq, wal_key(self.node_id, self.node_epoch, self._seq),
+                          ranges, parts, size, position)
+
+    async def _upload(self, obj: _WalObject) -> None:
+        try:
+            await self.objects.create(obj.key, obj.parts)
+        except ObjectStoreError as exc:
+            log.warning("upload of %s failed: %s", obj.key, exc)
+            obj.upload_error = exc
+        finally:
+            self._upload_slots.release()
+            obj.uploaded.set()
+            self._object_uploaded.set()
+
+    async def _commit_loop(self) -> None:
+        while True:
+            while not (self._in_flight and self._in_flight[0].uploaded.is_set()):
+                await self._object_uploaded.wait()
+                self._object_uploaded = trio.Event()
+            ready: list[_WalObject] = []
+            while self._in_flight and self._in_flight[0].uploaded.is_set():
+                ready.append(self._in_flight.popleft())
+            await self._commit(ready)
+            self._unflushed_bytes -= sum(obj.data_bytes for obj in ready)
+            self._signal_room()
+
+    def _signal_room(self) -> None:
+        if self._unflushed_bytes < self.max_buffered_bytes:
+            self._room.set()
+            self._room = trio.Event()
+
+    async def _commit(self, ready: list[_WalObject]) -> None:
+        to_commit: list[tuple[_WalObject, list[_Range]]] = []
+        for obj in ready:
+            if obj.upload_error is not None:
+                for r in obj.ranges:
+                    if r.is_current():
+                        r.log.reset(StorageUnavailable(f"upload failed: {obj.upload_error}"),
+                                    from_offset=r.base_offset)
+                continue
+            # Ranges failed by an earlier reset are never committed, so a rewound
+            # partition cannot see an old range land on its new offsets.
+            live = [r for r in obj.ranges if r.is_current()]
+            if live:
+                to_commit.append((obj, live))
+            else:
+                await self._queue_deletion([obj.key], "wal object with no live range")
+        if not to_commit:
+            return
+        request = [WalObject(key=obj.key, size=obj.size,
+                             ranges=[r.as_wal_range() for r in live])
+                   for obj, live in to_commit]
+        outcomes = await self._commit_until_known(request, [r for _, live in to_commit
+                                                            for r in live])
+        for (obj, live), outcome in zip(to_commit, outcomes, strict=True):
+            for r, result in zip(live, outcome.ranges, strict=True):
+                if result.accepted:
+                    r.log.committed(r.chunks())
+                else:
+                    self._fenced(r.log, result.reason)
+
+    def _fenced(self, log_: PartitionLog, reason: str) -> None:
+        if log_.closed is None:
+            log.warning("partition %s-%d refused at commit (%s): closing it", log_.topic_id,
+                        log_.partition, reason)
+            log_.close(NotLeader(f"commit refused: {reason}"))
+            self.on_fenced(log_, reason)
+
+    async def _commit_until_known(self, request: list[WalObject], ranges: list[_Range]):
+        """CommitWal, shielded, with its own deadline; repeated until its outcome is known."""
+        delay = 0.05
+        frozen: list[PartitionLog] = []
+        try:
+            while True:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(self.commit_timeout):
+                        try:
+                            return await self.metadata.commit_wal(self.node_id,
+                                                                  self.node_epoch, request)
+                        except StaleEpoch as exc:
+                            # The whole node was fenced: every range is refused.
+                            return [_refused_whole(obj, exc.reason) for obj in request]
+                        except MetadataUnavailable as exc:
+                            log.warning("commit of %s in doubt: %s", request[0].key, exc)
+                    log.warning("commit of %d WAL objects in doubt; repeating",
+                                len(request))
+                if not frozen:
+                    for r in ranges:
+                        if not r.log.frozen:
+                            r.log.frozen = True
+                            frozen.append(r.log)
+                await trio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+        finally:
+            for log_ in frozen:
+                log_.frozen = False
+
+    async def _queue_deletion(self, keys: list[str], reason: str) -> None:
+        try:
+            with trio.move_on_after(self.commit_timeout):
+                await self.metadata.queue_for_deletion(keys, reason)
+        except MetadataUnavailable:
+            pass  # garbage collection also finds unreferenced objects by listing
+
+
+@dataclass
+class _RangeResult:
+    accepted: bool
+    reason: str
+
+
+@dataclass
+class _ObjectResult:
+    ranges: list[_RangeResult]
+
+
+def _refused_whole(obj: WalObject, reason: str) -> _ObjectResult:
+    return _ObjectResult([_RangeResult(False, reason) for _ in obj.ranges])
+
