@@ -47,7 +47,12 @@ def _make_traversable(path: Path) -> None:
 class EmbeddedPostgres:
     """initdb (once), start, stop, kill. Listens on TCP loopback only."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, host: str = "127.0.0.1"):
+    def __init__(self, data_dir: Path, port: int | None = None, host: str = "127.0.0.1",
+                 *, durable: bool = True):
+        # durable=False turns fsync off: for throwaway test servers only. A server killed
+        # with SIGKILL keeps every commit either way (the OS still has the data); a machine
+        # crash would not.
+        self.durable = durable
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
@@ -88,8 +93,9 @@ class EmbeddedPostgres:
         if self.user:
             self.log_file.touch()
             shutil.chown(self.log_file, self.user, self.user)
-        options = (f"-h {self.host} -p {self.port} -k '' -c fsync=off -c max_connections=200"
-                   " -c synchronous_commit=off -c full_page_writes=off")
+        options = f"-h {self.host} -p {self.port} -k '' -c max_connections=200"
+        if not self.durable:
+            options += " -c fsync=off -c full_page_writes=off"
         self._run([self._bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file),
                    "-w", "-t", "60", "-o", options, "start"], timeout=90)
 

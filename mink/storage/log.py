@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import struct
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -67,9 +67,13 @@ class PendingAppend:
             self.error = error
             self.done.set()
 
-    async def wait(self) -> int:
-        """The base offset once durable; raises the LogError that failed it."""
-        await self.done.wait()
+    async def wait(self, timeout: float = math.inf) -> int:
+        """The base offset once durable; raises the LogError that failed it, or
+        AppendInDoubt when `timeout` passes first (the append may still become visible)."""
+        with trio.move_on_after(timeout):
+            await self.done.wait()
+        if not self.done.is_set():
+            raise AppendInDoubt(f"not committed within {timeout:.1f}s")
         if self.error is not None:
             raise self.error
         return self.base_offset

@@ -60,6 +60,22 @@ class Streams:
         if partition_log is not None:
             partition_log.close(error or NotLeader("partition closed on this node"))
 
+    async def settle_orphans(self, objects) -> list[str]:
+        """WAL objects this node uploaded under an earlier node epoch that were never
+        committed (a crash between upload and commit): have them decided 'abandoned', so
+        they can never become visible, and queued for deletion. Returns their keys."""
+        prefix = f"wal/{self.node_id}/"
+        keys = [key for key in await objects.list(prefix)
+                if int(key[len(prefix):].split("/", 1)[0]) < self.node_epoch]
+        if not keys:
+            return []
+        outcomes = await self.metadata.commit_outcome(keys, settle=True)
+        orphans = [key for key, outcome in outcomes.items() if outcome is None]
+        if orphans:
+            log.info("queued %d uncommitted WAL objects of earlier epochs for deletion",
+                     len(orphans))
+        return orphans
+
     def _on_fenced(self, partition_log: PartitionLog, reason: str) -> None:
         if self.logs.get(partition_log.key) is partition_log:
             del self.logs[partition_log.key]

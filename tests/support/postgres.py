@@ -18,7 +18,7 @@ _db_counter = itertools.count()
 
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data")
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
     server.start()
     try:
         from mink.storage.migrate import migrate_sync
