@@ -1,0 +1,1036 @@
+"""The metadata store: Mink's view of the cluster, kept in PostgreSQL.
+
+A narrow interface of epoch-checked operations (in the spirit of Inkless' control plane).
+Every operation is ONE statement or ONE transaction that checks the epochs it carries; the
+write operations are SQL functions defined in `migrations/0002_operations.sql`, so each one
+is a single round trip and its SQL reads top to bottom there. Schema: `0001_schema.sql`.
+
+Runtime: psycopg's `AsyncConnectionPool` runs on the node's trio_asyncio loop. Every public
+method is a trio-native `async def` that crosses into asyncio once
+(`trio_asyncio.aio_as_trio`, about 40 us) and does its whole transaction there. The store
+must be opened and used inside the same `trio_asyncio.open_loop()`.
+
+Errors: `MetadataError` and subclasses. `MetadataUnavailable` is retriable: PostgreSQL cannot
+be reached (no pooled connection within `timeout` seconds, a lost connection, an operation
+over `op_timeout`). Nothing was written when it is raised, except for its subclass
+`OutcomeUnknown`: a write operation lost its connection (or timed out) after the statement
+was sent, so it may or may not have been committed. For `commit_wal`, read the outcome back
+with `commit_outcome(keys)` (which also settles it) or call `commit_wal` again with the same
+objects: it is keyed by object key.
+
+Connection loss handling: a pooled connection whose socket shows end-of-file (PostgreSQL
+restarted or stopped) is discarded before any statement is sent on it, reads and idempotent
+operations are retried once on a fresh connection after a connection loss, and the pool is
+checked; no restart of the store is needed when PostgreSQL comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import select
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import msgspec
+import psycopg
+import psycopg_pool
+import trio
+import trio_asyncio
+from psycopg import pq
+
+from mink.storage.migrate import migrate as _migrate
+
+__all__ = [
+    "MetadataStore", "Listener",
+    # results and arguments
+    "NodeInfo", "LeaseInfo", "TopicInfo", "PartitionInfo", "TopicView", "View", "StreamState",
+    "ProducerStateUpdate", "WalRange", "WalObject", "RangeOutcome", "CommitOutcome",
+    "IndexRow", "ProducerState", "Change",
+    # errors
+    "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "StaleEpoch", "NotLeader",
+    "TopicExists", "UnknownTopic", "InvalidPartitions", "UnknownNode", "NodeAlive",
+]
+
+logger = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "mink_view"
+COORDINATOR_LEASE = "coordinator"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+class MetadataError(Exception):
+    """Base of the metadata store's errors."""
+
+
+class MetadataUnavailable(MetadataError):
+    """PostgreSQL cannot be reached now; retriable. Nothing was written."""
+
+
+class OutcomeUnknown(MetadataUnavailable):
+    """The connection was lost (or the operation timed out) after a write was sent: it may or
+    may not have been committed. Never guess: read the outcome back."""
+
+
+class StaleEpoch(MetadataError):
+    """Refused: an epoch the operation carries is not current. `reason` says which."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotLeader(MetadataError):
+    """OpenStream refused: the node is not the partition's leader at that leader epoch.
+    reason: not_leader | stale_leader_epoch | unknown_leader_epoch."""
+
+    def __init__(self, reason: str, leader_node: int | None, leader_epoch: int | None):
+        super().__init__(f"{reason} (leader {leader_node} at epoch {leader_epoch})")
+        self.reason = reason
+        self.leader_node = leader_node
+        self.leader_epoch = leader_epoch
+
+
+class TopicExists(MetadataError):
+    pass
+
+
+class UnknownTopic(MetadataError):
+    """Unknown (or deleted) topic or partition."""
+
+
+class InvalidPartitions(MetadataError):
+    pass
+
+
+class UnknownNode(MetadataError):
+    pass
+
+
+class NodeAlive(MetadataError):
+    """fence_node refused: the node is live at the epoch the caller saw."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Structs (results and arguments)
+
+class NodeInfo(msgspec.Struct, frozen=True):
+    node_id: int
+    epoch: int
+    host: str
+    port: int
+    rack: str | None
+    expires_at: datetime | None  # None once the node left
+    live: bool = True
+
+
+class LeaseInfo(msgspec.Struct, frozen=True):
+    scope: str
+    holder: int | None
+    holder_epoch: int | None
+    epoch: int                    # lease epoch
+    expires_at: datetime | None   # None once released / voided
+    live: bool                    # held now (expires_at > now() on PostgreSQL's clock)
+
+
+class TopicInfo(msgspec.Struct, frozen=True):
+    topic_id: uuid.UUID
+    name: str
+    partitions: int
+    config: dict[str, Any]
+    created_at: datetime
+
+
+class PartitionInfo(msgspec.Struct, frozen=True, array_like=True):
+    partition: int
+    leader_node: int | None
+    leader_epoch: int
+    stream_state: str               # 'open' | 'closed'
+    opened_by_node: int | None      # the last opener (kept after a close)
+    opened_by_epoch: int | None     # its node epoch
+    open_leader_epoch: int | None   # the leader epoch it opened at
+
+
+class TopicView(msgspec.Struct, frozen=True):
+    topic_id: uuid.UUID
+    name: str
+    config: dict[str, Any]
+    partitions: list[PartitionInfo]
+
+
+class View(msgspec.Struct, frozen=True):
+    """A consistent snapshot (one statement) of the control-plane state."""
+    version: int                 # view version: the last change-log row included
+    cluster_id: str
+    coordinator: int | None      # holder of the live coordinator lease
+    nodes: list[NodeInfo]        # live nodes
+    topics: list[TopicView]      # live topics, by name
+
+
+class StreamState(msgspec.Struct, frozen=True):
+    topic_id: uuid.UUID
+    partition: int
+    leader_node: int | None
+    leader_epoch: int
+    stream_state: str
+    opened_by_node: int | None
+    opened_by_epoch: int | None
+    open_leader_epoch: int | None
+    log_start_offset: int
+    committed_end: int           # high watermark = log end offset
+
+
+class ProducerStateUpdate(msgspec.Struct):
+    producer_id: int
+    producer_epoch: int
+    state: bytes                 # opaque here
+
+
+class WalRange(msgspec.Struct):
+    """The batches of one partition in one WAL object (adjacent batches merged)."""
+    topic_id: uuid.UUID
+    partition: int
+    leader_epoch: int
+    base_offset: int
+    last_offset: int
+    byte_start: int
+    byte_end: int
+    max_timestamp: int
+    batch_count: int
+    producer_states: list[ProducerStateUpdate] = []
+
+
+class WalObject(msgspec.Struct):
+    key: str
+    size: int
+    ranges: list[WalRange]
+
+
+class RangeOutcome(msgspec.Struct, frozen=True, array_like=True):
+    accepted: bool
+    reason: str | None           # None when accepted
+    committed_end: int | None    # the partition's committed end after this range was decided
+
+
+class CommitOutcome(msgspec.Struct, frozen=True):
+    key: str
+    committed: bool              # at least one range accepted
+    ranges: list[RangeOutcome]   # one per WalObject.ranges, same order
+    repeated: bool = False       # the stored outcome of an earlier call with this key
+    reason: str | None = None    # whole object refused: stale_node_epoch | abandoned
+
+
+class IndexRow(msgspec.Struct, frozen=True):
+    base_offset: int
+    last_offset: int
+    object_key: str
+    byte_start: int
+    byte_end: int
+    max_timestamp: int
+    batch_count: int
+
+
+class ProducerState(msgspec.Struct, frozen=True):
+    producer_id: int
+    producer_epoch: int
+    state: bytes
+    updated_at: datetime
+
+
+class Change(msgspec.Struct, frozen=True):
+    version: int
+    kind: str   # node_registered node_left node_fenced topic_created topic_deleted
+                # partitions_created leader_changed
+    body: dict[str, Any]
+    at: datetime
+
+
+class _StoredOutcome(msgspec.Struct):
+    committed: bool
+    reason: str | None
+    ranges: list[RangeOutcome]
+
+
+_json_encoder = msgspec.json.Encoder()
+_outcome_decoder = msgspec.json.Decoder(_StoredOutcome)
+_view_decoder = msgspec.json.Decoder(View)
+
+
+# ---------------------------------------------------------------------------------------------
+# SQL
+
+SQL_REGISTER_NODE = "SELECT mink_register_node(%s::int, %s::text, %s::int, %s::text, %s::float8)"
+SQL_HEARTBEAT = """
+UPDATE nodes SET expires_at = now() + %s::float8 * interval '1 second'
+ WHERE node_id = %s AND epoch = %s AND expires_at <> '-infinity'
+RETURNING epoch"""
+SQL_LEAVE = "SELECT mink_leave_node(%s::int, %s::bigint)"
+SQL_FENCE_NODE = "SELECT mink_fence_node(%s::int, %s::bigint)"
+_NODE_COLUMNS = """node_id, epoch, host, port, rack,
+       CASE WHEN expires_at = '-infinity' THEN NULL ELSE expires_at END, expires_at > now()"""
+SQL_LIVE_NODES = f"SELECT {_NODE_COLUMNS} FROM nodes WHERE expires_at > now() ORDER BY node_id"
+SQL_ALL_NODES = f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id"
+
+SQL_ACQUIRE_LEASE = "SELECT mink_acquire_lease(%s::text, %s::int, %s::bigint, %s::float8)"
+SQL_RENEW_LEASE = """
+UPDATE leases SET expires_at = now() + %s::float8 * interval '1 second'
+ WHERE scope = %s AND holder = %s AND epoch = %s AND expires_at > now()
+RETURNING epoch"""
+SQL_RELEASE_LEASE = """
+UPDATE leases SET expires_at = '-infinity'
+ WHERE scope = %s AND holder = %s AND epoch = %s AND expires_at > now()
+RETURNING epoch"""
+SQL_LEASES = """
+SELECT scope, holder, holder_epoch, epoch,
+       CASE WHEN expires_at = '-infinity' THEN NULL ELSE expires_at END, expires_at > now()
+  FROM leases WHERE scope LIKE %s ORDER BY scope"""
+
+_TOPIC_COLUMNS = "topic_id, name, partitions, config, created_at"
+SQL_CREATE_TOPIC = f"""
+SELECT {_TOPIC_COLUMNS}
+  FROM mink_create_topic(%s::text, %s::int, %s::jsonb, %s::int[], %s::uuid, %s::bigint)"""
+SQL_DELETE_TOPIC = "SELECT topic_id FROM mink_delete_topic(%s::text, %s::uuid, %s::bigint)"
+SQL_CREATE_PARTITIONS = f"""
+SELECT {_TOPIC_COLUMNS} FROM mink_create_partitions(%s::text, %s::int, %s::int[], %s::bigint)"""
+SQL_GET_TOPICS = f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE deleted_at IS NULL ORDER BY name"
+SQL_GET_TOPIC = f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE deleted_at IS NULL AND name = %s"
+
+# The whole view in one statement (one snapshot), as JSON decoded straight into View.
+SQL_VIEW = """
+SELECT json_build_object(
+    'version', c.view_version,
+    'cluster_id', c.cluster_id,
+    'coordinator', (SELECT l.holder FROM leases AS l
+                     WHERE l.scope = 'coordinator' AND l.expires_at > now()),
+    'nodes', coalesce((
+        SELECT json_agg(json_build_object(
+                   'node_id', n.node_id, 'epoch', n.epoch, 'host', n.host, 'port', n.port,
+                   'rack', n.rack, 'expires_at', n.expires_at) ORDER BY n.node_id)
+          FROM nodes AS n WHERE n.expires_at > now()), '[]'),
+    'topics', coalesce((
+        SELECT json_agg(json_build_object(
+                   'topic_id', t.topic_id, 'name', t.name, 'config', t.config,
+                   'partitions', coalesce((
+                       SELECT json_agg(json_build_array(
+                                  p.partition, p.leader_node, p.leader_epoch, p.stream_state,
+                                  p.opened_by_node, p.opened_by_epoch, p.open_leader_epoch)
+                                  ORDER BY p.partition)
+                         FROM partitions AS p WHERE p.topic_id = t.topic_id), '[]')
+               ) ORDER BY t.name)
+          FROM topics AS t WHERE t.deleted_at IS NULL), '[]')
+)::text
+  FROM cluster AS c"""
+
+SQL_LEAD_PARTITION = "SELECT mink_lead_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"
+SQL_LEAD_PARTITIONS = """
+SELECT mink_lead_partition(m.topic_id, m.partition, m.node, %s::bigint, m.expected)
+  FROM unnest(%s::uuid[], %s::int[], %s::int[], %s::int[])
+       AS m(topic_id, partition, node, expected)"""
+
+_STREAM_COLUMNS = """topic_id, partition, leader_node, leader_epoch, stream_state, opened_by_node,
+       opened_by_epoch, open_leader_epoch, log_start_offset, committed_end"""
+SQL_OPEN_STREAM = f"""
+SELECT {_STREAM_COLUMNS} FROM mink_open_stream(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
+SQL_CLOSE_STREAM = """
+UPDATE partitions SET stream_state = 'closed'
+ WHERE topic_id = %(topic_id)s AND partition = %(partition)s AND stream_state = 'open'
+   AND opened_by_node = %(node)s AND opened_by_epoch = %(node_epoch)s
+   AND open_leader_epoch = %(leader_epoch)s
+   AND EXISTS (SELECT 1 FROM nodes WHERE node_id = %(node)s AND epoch = %(node_epoch)s)
+RETURNING partition"""
+SQL_STREAM_STATE = f"""
+SELECT {_STREAM_COLUMNS} FROM partitions WHERE topic_id = %s AND partition = %s"""
+
+SQL_COMMIT_WAL = """
+SELECT object_key, object_outcome::text, repeated
+  FROM mink_commit_wal(%s::int, %s::bigint, %s::jsonb)"""
+SQL_COMMIT_OUTCOME = """
+SELECT object_key, object_outcome::text FROM mink_commit_outcome(%s::text[], %s::bool)"""
+
+_INDEX_COLUMNS = ("base_offset, last_offset, object_key, byte_start, byte_end, max_timestamp,"
+                  " batch_count")
+SQL_FIND_BATCHES = f"""
+SELECT {_INDEX_COLUMNS} FROM batch_index
+ WHERE topic_id = %s AND partition = %s AND last_offset >= %s
+ ORDER BY last_offset LIMIT %s"""
+# running_max_timestamp grows with the offset: the first row reaching ts is found by the index,
+# then the first row from there whose own max_timestamp reaches ts (normally that same row).
+SQL_OFFSET_FOR_TIMESTAMP = f"""
+SELECT {_INDEX_COLUMNS} FROM batch_index
+ WHERE topic_id = %(t)s AND partition = %(p)s AND max_timestamp >= %(ts)s
+   AND base_offset >= (SELECT base_offset FROM batch_index
+                        WHERE topic_id = %(t)s AND partition = %(p)s
+                          AND running_max_timestamp >= %(ts)s
+                        ORDER BY running_max_timestamp, base_offset LIMIT 1)
+ ORDER BY base_offset LIMIT 1"""
+SQL_LEADER_EPOCH_END = """
+SELECT p.committed_end,
+       (SELECT max(e.leader_epoch) FROM leader_epochs AS e
+         WHERE e.topic_id = p.topic_id AND e.partition = p.partition),
+       (SELECT e.leader_epoch FROM leader_epochs AS e
+         WHERE e.topic_id = p.topic_id AND e.partition = p.partition
+           AND e.leader_epoch <= %(epoch)s
+         ORDER BY e.leader_epoch DESC LIMIT 1),
+       (SELECT e.start_offset FROM leader_epochs AS e
+         WHERE e.topic_id = p.topic_id AND e.partition = p.partition
+           AND e.leader_epoch > %(epoch)s
+         ORDER BY e.leader_epoch LIMIT 1)
+  FROM partitions AS p WHERE p.topic_id = %(t)s AND p.partition = %(p)s"""
+SQL_PRODUCER_STATES = """
+SELECT producer_id, producer_epoch, state, updated_at FROM producer_state
+ WHERE topic_id = %s AND partition = %s ORDER BY producer_id"""
+
+SQL_CHANGES_SINCE = """
+SELECT c.view_version, l.version, l.kind, l.body, l.at
+  FROM cluster AS c
+  LEFT JOIN LATERAL (SELECT * FROM change_log WHERE version > %s
+                      ORDER BY version LIMIT %s) AS l ON true
+ ORDER BY l.version"""
+SQL_CLUSTER_ID = "SELECT cluster_id FROM cluster"
+SQL_ALLOCATE_PRODUCER_IDS = """
+UPDATE cluster SET next_producer_id = next_producer_id + %(n)s
+RETURNING next_producer_id - %(n)s"""
+
+SQL_UNREFERENCED_OBJECTS = """
+SELECT w.key FROM wal_objects AS w
+ WHERE w.committed AND w.gc_queued_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM batch_index AS b WHERE b.object_key = w.key)
+ ORDER BY w.decided_at LIMIT %s"""
+SQL_QUEUE_FOR_DELETION = "SELECT mink_queue_for_deletion(%s::text[], %s::text)"
+SQL_PENDING_DELETIONS = "SELECT key, reason FROM objects_to_delete ORDER BY queued_at, key LIMIT %s"
+SQL_DELETIONS_DONE = "DELETE FROM objects_to_delete WHERE key = ANY (%s::text[])"
+
+
+# ---------------------------------------------------------------------------------------------
+# Error mapping
+
+def _domain_error(e: psycopg.Error) -> MetadataError | None:
+    """The refusal a SQL function raised (SQLSTATE MKnnn, see 0002_operations.sql)."""
+    state = e.sqlstate
+    message = e.diag.message_primary or ""
+    if state == "MK001":
+        return StaleEpoch(message)
+    if state == "MK002":
+        detail = msgspec.json.decode(e.diag.message_detail or "{}")
+        return NotLeader(message, detail.get("leader_node"), detail.get("leader_epoch"))
+    if state == "MK003":
+        return UnknownTopic(message)
+    if state == "MK004":
+        return TopicExists(message)
+    if state == "23505" and e.diag.constraint_name in ("topics_live_name", "topics_pkey"):
+        return TopicExists(e.diag.message_detail or message)
+    if state == "MK005":
+        return InvalidPartitions(message)
+    if state == "MK006":
+        return UnknownNode(message)
+    if state == "MK007":
+        return NodeAlive(message)
+    return None
+
+
+def _connection_lost(e: psycopg.Error, conn: psycopg.AsyncConnection | None) -> bool:
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = e.sqlstate or ""
+    if isinstance(e, psycopg.OperationalError) and not state:
+        return True
+    return state.startswith(("08", "57P"))  # connection exception, operator intervention
+
+
+# SQLSTATEs meaning "rolled back, nothing happened, try again": serialization failure, deadlock
+_ROLLED_BACK = ("40001", "40P01")
+# reported by the server, so definitely not applied, but not worth an immediate retry:
+# canceled (statement_timeout, an administrator), too many connections, out of resources
+_UNAVAILABLE_PREFIXES = ("57014", "53")
+
+
+def _looks_dead(conn: psycopg.AsyncConnection) -> bool:
+    """True if an idle pooled connection was closed by the server (restart, shutdown).
+
+    An idle connection has nothing to read; if its socket is readable, let libpq read: EOF or a
+    FATAL message marks it BAD. Costs one poll() syscall in the common case."""
+    pgconn = conn.pgconn
+    if pgconn.status != pq.ConnStatus.OK:
+        return True
+    try:
+        fd = pgconn.socket
+    except psycopg.Error:
+        return True
+    poller = select.poll()  # not select(): descriptors above 1024 are common in a broker
+    poller.register(fd, select.POLLIN)
+    for _ in range(3):
+        try:
+            readable = poller.poll(0)
+        except OSError:
+            return False  # cannot tell: let the statement find out
+        if not readable:
+            return False
+        try:
+            pgconn.consume_input()
+        except psycopg.Error:
+            return True
+        if pgconn.status != pq.ConnStatus.OK:
+            return True
+    return False
+
+
+class _Kind(enum.Enum):
+    READ = "read"              # retried after a connection loss; never OutcomeUnknown
+    IDEMPOTENT = "idempotent"  # a write safe to repeat: retried once, then OutcomeUnknown
+    WRITE = "write"            # not retried after it was sent: OutcomeUnknown
+
+
+READ, IDEMPOTENT, WRITE = _Kind.READ, _Kind.IDEMPOTENT, _Kind.WRITE
+
+Op = Callable[[psycopg.AsyncConnection], Awaitable[Any]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+class MetadataStore:
+    """Open with `await MetadataStore.open(conninfo)`; close with `await store.aclose()`."""
+
+    def __init__(self, conninfo: str, *, min_size: int, max_size: int, timeout: float,
+                 op_timeout: float, name: str):
+        self.conninfo = conninfo
+        self.timeout = timeout
+        self.op_timeout = op_timeout
+        self._min_size = min_size
+        self._max_size = max_size
+        self._name = name
+        self._kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, round(timeout)),
+            "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "application_name": name,
+        }
+        self._pool: psycopg_pool.AsyncConnectionPool | None = None
+        self._checking = False
+        self._cross = trio_asyncio.aio_as_trio(self._aio_run)
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, conninfo: str, *, min_size: int = 1, max_size: int = 8,
+                   timeout: float = 5.0, op_timeout: float = 30.0, migrate: bool = True,
+                   name: str = "mink-metadata") -> MetadataStore:
+        """Connect (raises MetadataUnavailable after `timeout` s) and apply migrations.
+
+        timeout: the longest wait for a pooled connection; op_timeout: the longest an operation
+        runs (including a retry) before it is abandoned."""
+        store = cls(conninfo, min_size=min_size, max_size=max_size, timeout=timeout,
+                    op_timeout=op_timeout, name=name)
+        await trio_asyncio.aio_as_trio(store._aio_open)(migrate)
+        return store
+
+    async def _aio_open(self, migrate: bool) -> None:
+        pool: psycopg_pool.AsyncConnectionPool = psycopg_pool.AsyncConnectionPool(
+            self.conninfo, kwargs=self._kwargs, min_size=self._min_size,
+            max_size=self._max_size, open=False, timeout=self.timeout,
+            # give up a failing reconnection soon: the next request starts a fresh attempt
+            # instead of waiting out an exponential back-off after PostgreSQL is back
+            reconnect_timeout=max(2.0, self.timeout), name=self._name)
+        try:
+            await pool.open(wait=True, timeout=self.timeout)
+            if migrate:
+                async with pool.connection() as conn:
+                    await _migrate(conn)
+        except psycopg_pool.PoolTimeout as e:
+            await pool.close()
+            raise MetadataUnavailable(f"PostgreSQL not reachable: {e}") from e
+        except psycopg.OperationalError as e:
+            await pool.close()
+            raise MetadataUnavailable(f"PostgreSQL not reachable: {e}") from e
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await trio_asyncio.aio_as_trio(pool.close)()
+
+    async def __aenter__(self) -> MetadataStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- running operations --------------------------------------------------------------------
+
+    async def _run(self, kind: _Kind, op: Op) -> Any:
+        """Run `op(conn)` in asyncio on a pooled connection: one crossing."""
+        return await self._cross(kind, op)
+
+    async def _aio_run(self, kind: _Kind, op: Op) -> Any:
+        pool = self._pool
+        if pool is None:
+            raise MetadataError("the metadata store is closed")
+        attempt = 0
+        sent = False  # a write statement was sent at least once: its outcome may be unknown
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                while True:
+                    attempt += 1
+                    conn = None
+                    try:
+                        conn = await self._checkout(pool)
+                        sent = sent or kind is not READ
+                        try:
+                            result = await op(conn)
+                        except BaseException:
+                            # also when cancelled: the pool must get its connection back
+                            await asyncio.shield(pool.putconn(conn))
+                            raise
+                        await pool.putconn(conn)
+                        return result
+                    except (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed,
+                            psycopg_pool.TooManyRequests):
+                        raise
+                    except psycopg.Error as e:
+                        if (err := _domain_error(e)) is not None:
+                            raise err from None
+                        if e.sqlstate in _ROLLED_BACK and attempt < 4:
+                            continue
+                        if e.sqlstate and e.sqlstate.startswith(_UNAVAILABLE_PREFIXES):
+                            raise MetadataUnavailable(str(e)) from e
+                        if not _connection_lost(e, conn):
+                            raise
+                        logger.info("metadata connection lost: %s", e)
+                        await self._recover(pool)
+                        if kind is not WRITE and attempt < 2:
+                            continue
+                        if sent:
+                            raise OutcomeUnknown(f"connection lost: {e}") from e
+                        raise MetadataUnavailable(f"connection lost: {e}") from e
+        except (psycopg_pool.PoolTimeout, psycopg_pool.TooManyRequests) as e:
+            if sent:
+                raise OutcomeUnknown(f"connection lost, then {e}") from e
+            raise MetadataUnavailable(f"PostgreSQL not reachable: {e}") from e
+        except psycopg_pool.PoolClosed as e:
+            raise MetadataError("the metadata store is closed") from e
+        except TimeoutError as e:
+            if sent:
+                raise OutcomeUnknown(f"no answer within {self.op_timeout} s") from e
+            raise MetadataUnavailable(f"no answer within {self.op_timeout} s") from e
+
+    async def _checkout(self, pool: psycopg_pool.AsyncConnectionPool) -> psycopg.AsyncConnection:
+        """A pooled connection that was not closed by the server while it sat in the pool."""
+        for _ in range(self._max_size + 1):
+            conn = await pool.getconn()
+            if not _looks_dead(conn):
+                return conn
+            await pool.putconn(conn)  # a BAD connection is discarded and replaced by the pool
+        await self._recover(pool)
+        return await pool.getconn()
+
+    async def _recover(self, pool: psycopg_pool.AsyncConnectionPool) -> None:
+        """After a connection loss: check every idle connection, drop the broken ones."""
+        if self._checking:
+            return
+        self._checking = True
+        try:
+            await pool.check()
+        except Exception as e:  # pragma: no cover - best effort
+            logger.debug("pool check failed: %s", e)
+        finally:
+            self._checking = False
+
+    async def _one(self, kind: _Kind, sql: str, params: Any = None) -> tuple | None:
+        async def op(conn: psycopg.AsyncConnection) -> tuple | None:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchone()
+        return await self._run(kind, op)
+
+    async def _all(self, kind: _Kind, sql: str, params: Any = None) -> list[tuple]:
+        async def op(conn: psycopg.AsyncConnection) -> list[tuple]:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchall()
+        return await self._run(kind, op)
+
+    # -- cluster -------------------------------------------------------------------------------
+
+    async def cluster_id(self) -> str:
+        row = await self._one(READ, SQL_CLUSTER_ID)
+        assert row is not None
+        return row[0]
+
+    async def allocate_producer_ids(self, count: int) -> int:
+        """Reserve `count` producer ids; returns the first (ids first .. first+count-1)."""
+        row = await self._one(WRITE, SQL_ALLOCATE_PRODUCER_IDS, {"n": count})
+        assert row is not None
+        return row[0]
+
+    # -- membership ----------------------------------------------------------------------------
+
+    async def register_node(self, node_id: int, host: str, port: int, rack: str | None = None,
+                            *, ttl_s: float = 30.0) -> int:
+        """RegisterNode: the new node epoch (previous + 1, 1 for a new node id)."""
+        row = await self._one(WRITE, SQL_REGISTER_NODE, (node_id, host, port, rack, ttl_s))
+        assert row is not None
+        return row[0]
+
+    async def heartbeat(self, node_id: int, node_epoch: int, *, ttl_s: float = 30.0) -> None:
+        """Renew membership for ttl_s. StaleEpoch('stale_node_epoch') if the epoch is not the
+        node's current one (fenced or re-registered) or the node left: close everything and
+        register again. An expired but unfenced node is live again."""
+        row = await self._one(IDEMPOTENT, SQL_HEARTBEAT, (ttl_s, node_id, node_epoch))
+        if row is None:
+            raise StaleEpoch("stale_node_epoch")
+
+    async def leave(self, node_id: int, node_epoch: int) -> None:
+        """Clean stop: not live any more (heartbeats cannot revive it), its leases released;
+        the row and its epoch stay, the next register_node gets epoch + 1. StaleEpoch if
+        node_epoch is not current; leaving twice is a no-op."""
+        await self._one(WRITE, SQL_LEAVE, (node_id, node_epoch))
+
+    async def live_nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(*r) for r in await self._all(READ, SQL_LIVE_NODES)]
+
+    async def nodes(self) -> list[NodeInfo]:
+        """Every node ever registered, live or not."""
+        return [NodeInfo(*r) for r in await self._all(READ, SQL_ALL_NODES)]
+
+    async def fence_node(self, node_id: int, seen_epoch: int) -> int:
+        """Takeover: register the dead node at seen_epoch + 1, so that (node_id, seen_epoch)
+        can never commit again. Returns the node's epoch now (already past seen_epoch: nothing
+        written). NodeAlive if it is live at seen_epoch; UnknownNode for an unknown node id."""
+        row = await self._one(WRITE, SQL_FENCE_NODE, (node_id, seen_epoch))
+        assert row is not None
+        return row[0]
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def acquire_lease(self, scope: str, node_id: int, node_epoch: int, *,
+                            ttl_s: float) -> int | None:
+        """Take the lease if free or expired (or renew it if this incarnation holds it).
+        Returns the lease epoch (grows with each new tenure), None if another node holds it.
+        StaleEpoch if the node epoch is not current or the node is not live."""
+        row = await self._one(WRITE, SQL_ACQUIRE_LEASE, (scope, node_id, node_epoch, ttl_s))
+        assert row is not None
+        return row[0]
+
+    async def renew_lease(self, scope: str, node_id: int, lease_epoch: int, *,
+                          ttl_s: float) -> None:
+        """StaleEpoch('lease_lost') if the lease expired or changed hands."""
+        row = await self._one(IDEMPOTENT, SQL_RENEW_LEASE, (ttl_s, scope, node_id, lease_epoch))
+        if row is None:
+            raise StaleEpoch("lease_lost")
+
+    async def release_lease(self, scope: str, node_id: int, lease_epoch: int) -> bool:
+        row = await self._one(IDEMPOTENT, SQL_RELEASE_LEASE, (scope, node_id, lease_epoch))
+        return row is not None
+
+    async def leases(self, prefix: str = "") -> list[LeaseInfo]:
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return [LeaseInfo(*r) for r in await self._all(READ, SQL_LEASES, (pattern,))]
+
+    # -- topics --------------------------------------------------------------------------------
+
+    async def create_topic(self, name: str, partitions: int, config: dict[str, Any],
+                           leaders: Sequence[int | None], topic_id: uuid.UUID | None = None,
+                           *, coordinator_epoch: int | None = None) -> TopicInfo:
+        """Insert the topic and its partitions (leader epoch 0, the given leaders) and a
+        change-log row, in one transaction. TopicExists, InvalidPartitions, StaleEpoch."""
+        row = await self._one(WRITE, SQL_CREATE_TOPIC, (
+            name, partitions, _json_encoder.encode(config or {}).decode(), list(leaders),
+            topic_id, coordinator_epoch))
+        assert row is not None
+        return TopicInfo(*row)
+
+    async def delete_topic(self, name: str | None = None, *, topic_id: uuid.UUID | None = None,
+                           coordinator_epoch: int | None = None) -> uuid.UUID:
+        """Delete a live topic by name or id: its partitions, index rows, producer states go
+        (see unreferenced_objects for its data). UnknownTopic."""
+        if name is None and topic_id is None:
+            raise ValueError("delete_topic needs a name or a topic id")
+        row = await self._one(WRITE, SQL_DELETE_TOPIC, (name, topic_id, coordinator_epoch))
+        assert row is not None
+        return row[0]
+
+    async def create_partitions(self, name: str, new_total: int,
+                                leaders_for_new: Sequence[int | None], *,
+                                coordinator_epoch: int | None = None) -> TopicInfo:
+        """Grow a topic to new_total partitions. InvalidPartitions unless it grows and one
+        leader is given per new partition; UnknownTopic."""
+        row = await self._one(WRITE, SQL_CREATE_PARTITIONS, (
+            name, new_total, list(leaders_for_new), coordinator_epoch))
+        assert row is not None
+        return TopicInfo(*row)
+
+    async def get_topics(self) -> list[TopicInfo]:
+        return [TopicInfo(*r) for r in await self._all(READ, SQL_GET_TOPICS)]
+
+    async def get_topic(self, name: str) -> TopicInfo | None:
+        row = await self._one(READ, SQL_GET_TOPIC, (name,))
+        return None if row is None else TopicInfo(*row)
+
+    async def view(self) -> View:
+        """Topics, partitions (leader, leader epoch, stream state), live nodes, coordinator and
+        view version, from one snapshot. Note that liveness changes with time alone, without
+        a change-log row."""
+        row = await self._one(READ, SQL_VIEW)
+        assert row is not None
+        return _view_decoder.decode(row[0])
+
+    # -- leaders and streams -------------------------------------------------------------------
+
+    async def lead_partition(self, topic_id: uuid.UUID, partition: int, node_id: int,
+                             coordinator_epoch: int | None = None, *,
+                             expected_leader_epoch: int | None = None) -> int:
+        """LeadBucket: node_id leads the partition at the returned (new) leader epoch.
+        StaleEpoch('stale_coordinator_epoch') unless coordinator_epoch is the live
+        coordinator lease's epoch (None: not checked); StaleEpoch('leader_epoch_changed') if
+        expected_leader_epoch is given and is not the current one; UnknownTopic."""
+        row = await self._one(WRITE, SQL_LEAD_PARTITION, (
+            topic_id, partition, node_id, coordinator_epoch, expected_leader_epoch))
+        assert row is not None
+        return row[0]
+
+    async def lead_partitions(self, moves: Sequence[tuple[uuid.UUID, int, int, int | None]],
+                              coordinator_epoch: int | None = None) -> list[int]:
+        """Several LeadBuckets (topic_id, partition, node_id, expected_leader_epoch|None) in one
+        transaction, all or none. Returns the new leader epochs, in order."""
+        if not moves:
+            return []
+        rows = await self._all(WRITE, SQL_LEAD_PARTITIONS, (
+            coordinator_epoch, [m[0] for m in moves], [m[1] for m in moves],
+            [m[2] for m in moves], [m[3] for m in moves]))
+        return [r[0] for r in rows]
+
+    async def open_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
+                          node_id: int, node_epoch: int) -> StreamState:
+        """OpenStream: refused unless node_id is the partition's leader at leader_epoch
+        (NotLeader, with the current leader) and node_epoch is current (StaleEpoch).
+        Records the opener and the leader epoch's start offset. Returns the state after."""
+        row = await self._one(WRITE, SQL_OPEN_STREAM, (
+            topic_id, partition, leader_epoch, node_id, node_epoch))
+        assert row is not None
+        return StreamState(*row)
+
+    async def close_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
+                           node_id: int, node_epoch: int) -> bool:
+        """Close the stream if (node_id, node_epoch) opened it at leader_epoch and node_epoch
+        is current; False (nothing changed) otherwise."""
+        row = await self._one(IDEMPOTENT, SQL_CLOSE_STREAM, {
+            "topic_id": topic_id, "partition": partition, "leader_epoch": leader_epoch,
+            "node": node_id, "node_epoch": node_epoch})
+        return row is not None
+
+    async def stream_state(self, topic_id: uuid.UUID, partition: int) -> StreamState | None:
+        row = await self._one(READ, SQL_STREAM_STATE, (topic_id, partition))
+        return None if row is None else StreamState(*row)
+
+    # -- CommitWal -----------------------------------------------------------------------------
+
+    async def commit_wal(self, node_id: int, node_epoch: int,
+                         objects: Sequence[WalObject]) -> list[CommitOutcome]:
+        """CommitWal for uploaded WAL objects: one round trip, one transaction.
+
+        Returns one CommitOutcome per object, in order, with one RangeOutcome per range.
+        A stale node epoch does not raise: every range of every (new) object is refused with
+        reason 'stale_node_epoch' and nothing is written. Otherwise each range is decided on
+        its own (see mink_commit_wal in 0002_operations.sql for the reasons). Keyed by object
+        key: a key decided before returns its first outcome (repeated=True) and changes
+        nothing, so this is safe to call again after OutcomeUnknown."""
+        if not objects:
+            return []
+        keys = [o.key for o in objects]
+        if len(set(keys)) != len(keys):
+            raise ValueError("duplicate object keys in one commit_wal call")
+        payload = _json_encoder.encode(objects).decode()
+        rows = await self._all(IDEMPOTENT, SQL_COMMIT_WAL, (node_id, node_epoch, payload))
+        found = {key: (outcome, repeated) for key, outcome, repeated in rows}
+        return [_outcome(o.key, *found[o.key], len(o.ranges)) for o in objects]
+
+    async def commit_outcome(self, keys: Sequence[str], *,
+                             settle: bool = True) -> dict[str, CommitOutcome | None]:
+        """Read back what CommitWal decided for these keys (after a timeout or a lost
+        connection). Waits for a commit of them still running in PostgreSQL.
+        None: not committed. With settle (the default) a key nobody decided on is abandoned
+        first, so that "not committed" stays true: a late CommitWal of it is refused
+        (reason 'abandoned') and the object is queued for deletion. A key whose ranges were
+        all refused returns its CommitOutcome (committed=False)."""
+        keys = list(dict.fromkeys(keys))
+        rows = await self._all(IDEMPOTENT, SQL_COMMIT_OUTCOME, (keys, settle))
+        result: dict[str, CommitOutcome | None] = dict.fromkeys(keys)
+        for key, outcome in rows:
+            decoded = _outcome(key, outcome, True, 0)
+            result[key] = None if decoded.reason == "abandoned" else decoded
+        return result
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def find_batches(self, topic_id: uuid.UUID, partition: int, from_offset: int,
+                           max_rows: int = 100) -> list[IndexRow]:
+        """Index rows with last_offset >= from_offset, in offset order."""
+        rows = await self._all(READ, SQL_FIND_BATCHES, (topic_id, partition, from_offset, max_rows))
+        return [IndexRow(*r) for r in rows]
+
+    async def offset_for_timestamp(self, topic_id: uuid.UUID, partition: int,
+                                   ts: int) -> IndexRow | None:
+        """The first index row (by offset) whose max_timestamp >= ts."""
+        row = await self._one(READ, SQL_OFFSET_FOR_TIMESTAMP,
+                              {"t": topic_id, "p": partition, "ts": ts})
+        return None if row is None else IndexRow(*row)
+
+    async def leader_epoch_end(self, topic_id: uuid.UUID, partition: int,
+                               requested_epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch (LeaderEpochFileCache.endOffsetFor): the largest leader
+        epoch <= requested and its end offset (the next epoch's start offset, or the committed
+        end for the latest epoch). (-1, -1) if requested is -1, above every known epoch, or the
+        partition never opened; (requested, first epoch's start) if below every known epoch.
+        UnknownTopic if the partition does not exist."""
+        row = await self._one(READ, SQL_LEADER_EPOCH_END,
+                              {"t": topic_id, "p": partition, "epoch": requested_epoch})
+        if row is None:
+            raise UnknownTopic(f"unknown partition {topic_id}/{partition}")
+        committed_end, latest, floor_epoch, higher_start = row
+        if requested_epoch < 0 or latest is None:
+            return (-1, -1)
+        if requested_epoch == latest:
+            return (requested_epoch, committed_end)
+        if higher_start is None:
+            return (-1, -1)
+        if floor_epoch is None:
+            return (requested_epoch, higher_start)
+        return (floor_epoch, higher_start)
+
+    async def producer_states(self, topic_id: uuid.UUID, partition: int) -> list[ProducerState]:
+        rows = await self._all(READ, SQL_PRODUCER_STATES, (topic_id, partition))
+        return [ProducerState(*r) for r in rows]
+
+    # -- change log ----------------------------------------------------------------------------
+
+    async def changes_since(self, version: int, limit: int = 1000) -> tuple[list[Change], int]:
+        """Change-log rows with version > `version` (at most `limit`, in order) and the current
+        view version, from one snapshot. Versions have no gaps; if the list is shorter than
+        current - version, call again from its last version."""
+        rows = await self._all(READ, SQL_CHANGES_SINCE, (version, limit))
+        current = rows[0][0]
+        changes = [Change(v, kind, body, at) for _c, v, kind, body, at in rows if v is not None]
+        return changes, current
+
+    @asynccontextmanager
+    async def listen(self) -> AsyncIterator[Listener]:
+        """Wake-ups on NOTIFY 'mink_view' (on a dedicated connection, not the pool).
+
+            async with store.listen() as wakeups:
+                async for version_hint in wakeups:
+                    changes, current = await store.changes_since(last)
+
+        Entering returns once LISTEN is active (MetadataUnavailable after `timeout` s).
+        Wake-ups coalesce; each is a hint (the notified version, or None after the
+        listener reconnected, when notifications may have been missed). A lost connection is
+        re-established in the background; read `changes_since` after every wake-up and poll
+        now and then anyway (liveness changes with time alone)."""
+        listener = Listener()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio_asyncio.aio_as_trio(self._aio_pump), listener)
+            try:
+                with trio.fail_after(self.timeout):
+                    await listener._connected_event.wait()
+            except trio.TooSlowError:
+                raise MetadataUnavailable("LISTEN connection not established") from None
+            try:
+                yield listener
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _aio_pump(self, listener: Listener) -> None:
+        """asyncio side of listen(): connect, LISTEN, push notifications into the channel."""
+        delay = 0.1
+        while True:
+            conn = None
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
+                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                delay = 0.1
+                listener.connected = True
+                if listener._connected_event.is_set():
+                    listener._wake(None)  # reconnected: something may have been missed
+                else:
+                    listener._connected_event.set()
+                async for notify in conn.notifies():
+                    try:
+                        listener._wake(int(notify.payload))
+                    except ValueError:
+                        listener._wake(None)
+            except psycopg.Error as e:
+                logger.info("LISTEN connection lost: %s", e)
+            finally:
+                listener.connected = False
+                if conn is not None:
+                    await conn.close()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # -- garbage -------------------------------------------------------------------------------
+
+    async def unreferenced_objects(self, limit: int = 1000) -> list[str]:
+        """Committed WAL objects no index row uses any more (moved by tiering, topic deleted),
+        not queued for deletion yet. Pass them to queue_for_deletion."""
+        return [r[0] for r in await self._all(READ, SQL_UNREFERENCED_OBJECTS, (limit,))]
+
+    async def queue_for_deletion(self, keys: Sequence[str], reason: str) -> list[str]:
+        """Queue object keys for deletion, except those an index row still uses; keys never
+        decided by CommitWal are abandoned (can never be committed). Returns those queued."""
+        rows = await self._all(IDEMPOTENT, SQL_QUEUE_FOR_DELETION, (list(keys), reason))
+        return [r[0] for r in rows]
+
+    async def pending_deletions(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """(key, reason) of queued objects, oldest first."""
+        return [(k, r) for k, r in await self._all(READ, SQL_PENDING_DELETIONS, (limit,))]
+
+    async def deletions_done(self, keys: Sequence[str]) -> None:
+        """The garbage collector deleted these objects from the store."""
+        await self._one_no_result(IDEMPOTENT, SQL_DELETIONS_DONE, (list(keys),))
+
+    async def _one_no_result(self, kind: _Kind, sql: str, params: Any) -> None:
+        async def op(conn: psycopg.AsyncConnection) -> None:
+            await conn.execute(sql, params)
+        await self._run(kind, op)
+
+
+def _outcome(key: str, stored: str, repeated: bool, n_ranges: int) -> CommitOutcome:
+    s = _outcome_decoder.decode(stored)
+    ranges = s.ranges
+    if s.reason is not None and len(ranges) < n_ranges:  # abandoned: no ranges were stored
+        ranges = [RangeOutcome(False, s.reason, None)] * n_ranges
+    return CommitOutcome(key=key, committed=s.committed, ranges=ranges, repeated=repeated,
+                         reason=s.reason)
+
+
+class Listener:
+    """Async iterator of wake-ups (see MetadataStore.listen)."""
+
+    def __init__(self) -> None:
+        self._send, self._recv = trio.open_memory_channel[int | None](1)
+        self._connected_event = trio.Event()
+        self.connected = False
+
+    def _wake(self, hint: int | None) -> None:
+        # called from the asyncio side, in the trio thread: coalesce if one is pending
+        try:
+            self._send.send_nowait(hint)
+        except trio.WouldBlock:
+            pass
+
+    def __aiter__(self) -> Listener:
+        return self
+
+    async def __anext__(self) -> int | None:
+        return await self._recv.receive()
+
+    async def wait(self) -> int | None:
+        """The next wake-up."""
+        return await self._recv.receive()
