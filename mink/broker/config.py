@@ -33,7 +33,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the PUT rate (None picks by store: 0 for file:// and memory://, 50 ms for s3://).
     wal_max_bytes: int = 8 * 1024 * 1024
     wal_max_delay_ms: float | None = None
-    wal_max_concurrent_uploads: int = 4
+    # Uploads in flight at once; None: 1 for file:// and memory://, 4 for s3://.
+    wal_max_concurrent_uploads: int | None = None
     commit_timeout: float = 10.0
 
     # Kafka broker settings, with Kafka's names turned into identifiers.

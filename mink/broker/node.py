@@ -1,4 +1,5 @@
-"""A Mink node: the stores it shares with the others, its membership, its view, its listener.
+"""A Mink node: the stores it shares with the others, its membership, its view, the
+partitions it leads, and its Kafka listener.
 
 Everything the node runs lives in the nursery of `run_node`; cancelling it stops the node.
 """
@@ -7,17 +8,28 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+import uuid
 
 import trio
 import trio_asyncio
 
 from mink.broker.config import Config
 from mink.broker.server import serve_kafka
+from mink.broker.topic_config import validate_topic_config
 from mink.broker.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from mink.protocol.topics import topic_name_error
+from mink.storage import metadata as md
+from mink.storage.log import PartitionLog
 from mink.storage.metadata import MetadataStore, MetadataUnavailable, StaleEpoch
 from mink.storage.objectstore import open_object_store
+from mink.storage.streams import Streams
 
 log = logging.getLogger(__name__)
+
+# A stream still open by another live node is left to it for this many syncs, then opened
+# anyway: the epoch fence keeps that safe (seed 000, "HeldBy").
+HELD_BY_GRACE_SYNCS = 2
 
 
 class Node:
@@ -27,20 +39,106 @@ class Node:
         self.objects = objects
         self.node_id = config.node_id
         self.node_epoch = 0
+        self.advertised: tuple[str, int] = config.advertised_address()
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
-        self._view_changed = trio.Event()
+        self.streams: Streams | None = None
+        self._held_by: dict[tuple[uuid.UUID, int], int] = {}
+        self._sync_lock = trio.Lock()
+
+    # -- the view and the partitions this node leads --------------------------------------
 
     async def refresh_view(self) -> None:
-        snapshot = await self.metadata.view()
-        self.view = view_from_snapshot(snapshot)
-        self._view_changed.set()
-        self._view_changed = trio.Event()
+        self.view = view_from_snapshot(await self.metadata.view())
+        await self.sync_partitions()
+
+    async def sync_partitions(self) -> None:
+        """Open the partitions the view says this node leads; close the others (seed 000,
+        "Opening a bucket")."""
+        streams = self.streams
+        if streams is None:
+            return
+        async with self._sync_lock:
+            wanted: set[tuple[uuid.UUID, int]] = set()
+            for topic in self.view.topics.values():
+                for p in topic.partitions:
+                    if p.leader == self.node_id:
+                        wanted.add((topic.topic_id, p.index))
+                        partition_log = streams.get(topic.topic_id, p.index)
+                        if partition_log is None or partition_log.closed is not None or (
+                                partition_log.leader_epoch < p.leader_epoch):
+                            await self._open(topic, p)
+            for key in [k for k in streams.logs if k not in wanted]:
+                streams.close(*key)
+
+    async def _open(self, topic: TopicInfo, p: PartitionInfo) -> PartitionLog | None:
+        key = (topic.topic_id, p.index)
+        leader_epoch = p.leader_epoch
+        opener = (p.opened_by_node, p.opened_by_epoch)
+        try:
+            if p.stream_open and opener != (self.node_id, self.node_epoch):
+                other = self.view.brokers.get(p.opened_by_node)
+                if p.opened_by_node != self.node_id and other is not None and (
+                        other.epoch == p.opened_by_epoch):
+                    held = self._held_by.get(key, 0) + 1
+                    self._held_by[key] = held
+                    if held <= HELD_BY_GRACE_SYNCS:
+                        return None  # HeldBy: the other node has not seen the move yet
+                elif p.opened_by_node != self.node_id:
+                    # Opened by a dead node: fence its epoch so its late commits are refused.
+                    await self.metadata.fence_node(p.opened_by_node, p.opened_by_epoch)
+            self._held_by.pop(key, None)
+            if p.open_leader_epoch == leader_epoch:
+                # Opened before at this very epoch (by this node before a restart, or by the
+                # node just fenced): a fresh leader epoch tells clients the log may differ.
+                leader_epoch = await self.metadata.lead_partition(
+                    topic.topic_id, p.index, self.node_id, expected_leader_epoch=leader_epoch)
+            return await self.streams.open(topic.topic_id, p.index, leader_epoch)
+        except md.NodeAlive:
+            return None
+        except (md.NotLeader, StaleEpoch, md.UnknownTopic) as exc:
+            log.info("not opening %s-%d: %s", topic.name, p.index, exc)
+            return None
+
+    def leader_log(self, topic: TopicInfo, partition: int) -> PartitionLog | None:
+        """The open log of a partition this node leads, or None (not the leader, or still
+        opening): the caller answers NOT_LEADER_OR_FOLLOWER."""
+        if self.streams is None:
+            return None
+        partition_log = self.streams.get(topic.topic_id, partition)
+        if partition_log is None or partition_log.closed is not None:
+            return None
+        return partition_log
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def assign_leaders(self, partitions: int, first: int = 0) -> list[int]:
+        """Seed 000: partition i goes to live node (i + start) % n, start from the clock so
+        consecutive topics begin on different nodes."""
+        live = sorted(self.view.brokers) or [self.node_id]
+        start = int(time.time() * 1000) % len(live)
+        return [live[(first + i + start) % len(live)] for i in range(partitions)]
+
+    async def create_topic(self, name: str, partitions: int, configs: dict[str, str]):
+        created = await self.metadata.create_topic(
+            name, partitions, validate_topic_config(configs), self.assign_leaders(partitions))
+        await self.refresh_view()
+        return created
 
     async def auto_create_topics(self, names: list[str]) -> None:
-        """Topic auto-creation arrives with the Produce/Fetch issue; until then, nothing."""
-        return None
+        """auto.create.topics.enable: unknown, valid names become topics of num.partitions."""
+        if not self.config.auto_create_topics_enable:
+            return
+        missing = [n for n in dict.fromkeys(names)
+                   if n not in self.view.topics and topic_name_error(n) is None]
+        for name in missing:
+            try:
+                await self.create_topic(name, self.config.num_partitions, {})
+                log.info("auto-created topic %s with %d partitions", name,
+                         self.config.num_partitions)
+            except md.TopicExists:
+                await self.refresh_view()
 
-    # -- background loops ---------------------------------------------------------------
+    # -- background loops ------------------------------------------------------------------
 
     async def heartbeat_loop(self) -> None:
         interval = self.config.lease_ttl / 3
@@ -51,13 +149,10 @@ class Node:
                                               ttl_s=self.config.lease_ttl)
             except MetadataUnavailable as exc:
                 log.warning("heartbeat failed, PostgreSQL unavailable: %s", exc)
-            except StaleEpoch:
-                log.error("heartbeat refused: node epoch %d is stale; registering again",
-                          self.node_epoch)
-                await self.register()
 
     async def sync_loop(self) -> None:
-        """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop."""
+        """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop
+        (liveness changes with time alone)."""
         poll = min(1.0, self.config.lease_ttl / 6)
         while True:
             try:
@@ -78,16 +173,18 @@ class Node:
                  self.node_epoch, host, port)
 
 
-def view_from_snapshot(snapshot) -> ClusterView:
+def view_from_snapshot(snapshot: md.View) -> ClusterView:
     return ClusterView(
         version=snapshot.version,
         cluster_id=snapshot.cluster_id,
-        brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack)
+        brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch)
                  for n in snapshot.nodes},
         topics={
             t.name: TopicInfo(t.topic_id, t.name, tuple(
-                PartitionInfo(p.partition, p.leader_node, p.leader_epoch)
-                for p in sorted(t.partitions, key=lambda p: p.partition)), dict(t.config))
+                PartitionInfo(p.partition, p.leader_node, p.leader_epoch,
+                              p.stream_state == "open", p.opened_by_node, p.opened_by_epoch,
+                              p.open_leader_epoch)
+                for p in t.partitions), dict(t.config))
             for t in snapshot.topics
         },
         coordinator=snapshot.coordinator,
@@ -95,7 +192,7 @@ def view_from_snapshot(snapshot) -> ClusterView:
 
 
 async def run_node(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Open the stores, register, serve until cancelled; reports the bound (host, port)."""
+    """Open the stores, register, serve until cancelled; reports the advertised (host, port)."""
     async with trio_asyncio.open_loop():
         objects = open_object_store(
             config.object_store, endpoint_url=config.s3_endpoint_url, region=config.s3_region,
@@ -105,8 +202,7 @@ async def run_node(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> N
             await objects.check()
             metadata = await MetadataStore.open(config.postgres_url)
             try:
-                node = Node(config, metadata, objects)
-                await _serve(node, task_status)
+                await _serve(Node(config, metadata, objects), task_status)
             finally:
                 with trio.CancelScope(shield=True):
                     await metadata.aclose()
@@ -125,9 +221,18 @@ async def _serve(node: Node, task_status) -> None:
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
         await node.register()
         try:
+            delay = config.effective_wal_max_delay_ms() / 1000
+            uploads = 4 if config.object_store.startswith("s3://") else 1
+            node.streams = Streams(
+                node.node_id, node.node_epoch, node.objects, node.metadata,
+                wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
+                wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
+                commit_timeout=config.commit_timeout)
+            await nursery.start(node.streams.run)
             await node.refresh_view()
             nursery.start_soon(node.heartbeat_loop)
             nursery.start_soon(node.sync_loop)
+            nursery.start_soon(_settle_orphans, node)
             task_status.started(node.advertised)
             await trio.sleep(math.inf)
         finally:
@@ -135,5 +240,12 @@ async def _serve(node: Node, task_status) -> None:
                 try:
                     await node.metadata.leave(node.node_id, node.node_epoch)
                     log.info("node %d left the cluster", node.node_id)
-                except Exception as exc:  # the lease expires by itself
+                except Exception as exc:  # the membership expires by itself
                     log.warning("could not leave cleanly: %s", exc)
+
+
+async def _settle_orphans(node: Node) -> None:
+    try:
+        await node.streams.settle_orphans(node.objects)
+    except Exception as exc:  # garbage collection will find them later
+        log.warning("could not settle uncommitted WAL objects of earlier epochs: %s", exc)

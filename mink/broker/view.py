@@ -14,6 +14,7 @@ class BrokerInfo:
     host: str
     port: int
     rack: str | None = None
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,11 @@ class PartitionInfo:
     index: int
     leader: int | None
     leader_epoch: int
+    # The stream's state in PostgreSQL: who opened it last, at which epochs.
+    stream_open: bool = False
+    opened_by_node: int | None = None
+    opened_by_epoch: int | None = None
+    open_leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,15 @@ class ApiKey(enum.IntEnum):
 
 # api key -> (min version, max version) advertised in ApiVersions.
 ADVERTISED: dict[int, tuple[int, int]] = {
-    ApiKey.API_VERSIONS: (0, 3),
+    # Produce v0-2 is advertised but refused: librdkafka up to 2.11 (Debian's kcat among
+    # them) enables compression only when v0 is inside the range. kio has no v0-2 schema,
+    # so such a request closes the connection (clients never pick it when v3+ is offered).
+    ApiKey.PRODUCE: (0, 11),
+    ApiKey.FETCH: (4, 12),
+    ApiKey.LIST_OFFSETS: (1, 7),
     ApiKey.METADATA: (0, 12),
+    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4),
 }
 
 

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
+from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from .framing import size_prefix
@@ -60,7 +60,10 @@ def _reader_pair(api_key: int, api_version: int) -> tuple[Any, Any]:
 def decode_request(frame: bytes) -> Request:
     """Decode a frame whose api key and version the caller has checked it serves."""
     api_key, api_version, _ = peek_header(frame)
-    read_header, read_body = _reader_pair(api_key, api_version)
+    try:
+        read_header, read_body = _reader_pair(api_key, api_version)
+    except KioIndexError:
+        raise MalformedRequest(f"api {api_key} v{api_version} has no schema here") from None
     view = memoryview(frame).toreadonly()
     try:
         header, used = read_header(view, 0)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from mink.protocol.records import patch_batch
+from mink.protocol.records import iter_batches, iter_records, patch_batch
 
 if TYPE_CHECKING:
     from mink.storage.wal import WalWriter
@@ -107,6 +107,8 @@ class PartitionLog:
         self.frozen = False
         self.tail: collections.deque[Chunk] = collections.deque()
         self._committed = trio.Event()
+        # Long-polling fetches waiting on several partitions at once register one event here.
+        self.waiters: set[trio.Event] = set()
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -147,8 +149,13 @@ class PartitionLog:
             self.pending.popleft().resolve()
         for chunk in chunks:
             self.caches.add_tail(self, chunk)
+        self._wake()
+
+    def _wake(self) -> None:
         self._committed.set()
         self._committed = trio.Event()
+        for waiter in self.waiters:
+            waiter.set()
 
     def reset(self, error: LogError, from_offset: int | None = None) -> None:
         """Fail every pending append (from `from_offset` on) and go back to the committed end."""
@@ -168,7 +175,7 @@ class PartitionLog:
             self.closed = error
             self.reset(error)
             self.caches.drop_tail(self)
-            self._committed.set()
+            self._wake()
 
     # -- reads --------------------------------------------------------------------------
 
@@ -180,6 +187,31 @@ class PartitionLog:
         """Return once the committed end is past `offset` (or the log closes)."""
         while self.committed_end <= offset and self.closed is None:
             await self._committed.wait()
+
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:
+        """(offset, timestamp, leader epoch) of the first record whose timestamp is at least
+        `timestamp`, as Kafka's ListOffsets finds it; None when there is none."""
+        row = await self.caches.metadata.offset_for_timestamp(self.topic_id, self.partition,
+                                                             timestamp)
+        if row is None:
+            return None
+        data = await self.caches.get_block(row.object_key, row.byte_start, row.byte_end)
+        for header, batch in iter_batches(data):
+            if header.max_timestamp < timestamp:
+                continue
+            for record in iter_records(batch):
+                record_timestamp = header.record_timestamp(record)
+                if record_timestamp >= timestamp:
+                    return (header.record_offset(record), record_timestamp,
+                            header.partition_leader_epoch)
+        return None
+
+    async def max_timestamp_offset(self) -> tuple[int, int, int] | None:
+        """ListOffsets' MAX_TIMESTAMP (-3): the first record carrying the largest timestamp."""
+        state = await self.caches.metadata.stream_state(self.topic_id, self.partition)
+        if state is None or state.max_timestamp < 0:
+            return None
+        return await self.offset_for_timestamp(state.max_timestamp)
 
     async def read(self, offset: int, max_bytes: int) -> list[memoryview]:
         """Committed batches from the one holding `offset`, about `max_bytes` worth (the

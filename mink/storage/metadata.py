@@ -184,6 +184,7 @@ class StreamState(msgspec.Struct, frozen=True):
     open_leader_epoch: int | None
     log_start_offset: int
     committed_end: int           # high watermark = log end offset
+    max_timestamp: int = -1      # the largest batch max timestamp committed (-1: none)
 
 
 class ProducerStateUpdate(msgspec.Struct):
@@ -334,7 +335,7 @@ SELECT mink_lead_partition(m.topic_id, m.partition, m.node, %s::bigint, m.expect
        AS m(topic_id, partition, node, expected)"""
 
 _STREAM_COLUMNS = """topic_id, partition, leader_node, leader_epoch, stream_state, opened_by_node,
-       opened_by_epoch, open_leader_epoch, log_start_offset, committed_end"""
+       opened_by_epoch, open_leader_epoch, log_start_offset, committed_end, max_timestamp"""
 SQL_OPEN_STREAM = f"""
 SELECT {_STREAM_COLUMNS} FROM mink_open_stream(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
 SQL_CLOSE_STREAM = """

@@ -1,0 +1,25 @@
+"""Storage errors as the Kafka error codes clients act on."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from mink.storage.log import (
+    AppendInDoubt,
+    LogError,
+    NotLeader,
+    OffsetOutOfRange,
+    StorageUnavailable,
+)
+
+
+def error_for(exc: LogError) -> ErrorCode:
+    if isinstance(exc, NotLeader):
+        return ErrorCode.not_leader_or_follower
+    if isinstance(exc, AppendInDoubt):
+        return ErrorCode.request_timed_out  # may or may not be written: the client decides
+    if isinstance(exc, StorageUnavailable):
+        return ErrorCode.kafka_storage_error  # retriable, and makes clients refresh metadata
+    if isinstance(exc, OffsetOutOfRange):
+        return ErrorCode.offset_out_of_range
+    return ErrorCode.unknown_server_error

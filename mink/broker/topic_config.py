@@ -1,0 +1,76 @@
+"""Topic configuration: the settings Mink honours, their defaults and their validation,
+with Kafka's names and Kafka's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class InvalidConfig(ValueError):
+    pass
+
+
+def _long(minimum: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise InvalidConfig(f"{value!r} is not an integer") from None
+        if number < minimum:
+            raise InvalidConfig(f"{number} is below the minimum {minimum}")
+        return number
+    return parse
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in allowed:
+            raise InvalidConfig(f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+    return parse
+
+
+def _cleanup_policy(value: str) -> str:
+    policies = {p.strip() for p in str(value).split(",") if p.strip()}
+    if not policies or not policies <= {"delete", "compact"}:
+        raise InvalidConfig(f"{value!r} is not delete, compact or both")
+    if "compact" in policies:
+        raise InvalidConfig("compacted topics are not supported yet (cleanup.policy=compact)")
+    return "delete"
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+TOPIC_SETTINGS: dict[str, Setting] = {
+    "cleanup.policy": Setting("delete", _cleanup_policy, "delete old segments; compact: not yet"),
+    "retention.ms": Setting("604800000", _long(-1), "how long data is kept; -1: forever"),
+    "retention.bytes": Setting("-1", _long(-1), "how many bytes a partition keeps; -1: all"),
+    "message.timestamp.type": Setting("CreateTime", _choice("CreateTime", "LogAppendTime"),
+                                      "which timestamp batches carry"),
+    "max.message.bytes": Setting("1048588", _long(0), "the largest record batch accepted"),
+}
+
+
+def validate_topic_config(configs: dict[str, str | None]) -> dict[str, str]:
+    """The stored form of a CreateTopics config: known keys only, values checked."""
+    out: dict[str, str] = {}
+    for key, value in configs.items():
+        setting = TOPIC_SETTINGS.get(key)
+        if setting is None:
+            raise InvalidConfig(f"unknown topic config {key!r}")
+        if value is None:
+            raise InvalidConfig(f"topic config {key!r} has no value")
+        setting.parse(value)
+        out[key] = str(value)
+    return out
+
+
+def topic_setting(config: dict[str, str], key: str) -> Any:
+    setting = TOPIC_SETTINGS[key]
+    return setting.parse(config.get(key, setting.default))
