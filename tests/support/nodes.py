@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mink.broker.config import Config
 from mink.broker.node import run_node
+from mink.storage.embedded_postgres import free_port
 
 
 def require_tool(name: str) -> str:
@@ -46,3 +52,70 @@ def store_url(tmp_path: Path) -> str:
 async def node(nursery, pg_url: str, store_url: str) -> str:
     """A single in-process node on PostgreSQL and the file:// store; yields host:port."""
     return await start_node(nursery, node_config(pg_url, store_url))
+
+
+class NodeProcess:
+    """`mink serve` in a subprocess, for tests that kill a node."""
+
+    def __init__(self, config: Config, log_path: Path):
+        self.config = config
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return self.config.advertised_listener or self.config.listener
+
+    def start(self, timeout: float = 30.0) -> None:
+        env = dict(os.environ)
+        for name in Config.__struct_fields__:
+            value = getattr(self.config, name)
+            if value is not None:
+                env[f"MINK_{name.upper()}"] = str(value)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "mink.broker.cli", "serve"],
+                                        env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        host, port = self.address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"node exited with {self.process.returncode}:\n"
+                                   f"{self.log_path.read_text()[-3000:]}")
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"node did not listen within {timeout}s:\n"
+                           f"{self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> int | None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode if self.process else None
+
+
+@pytest.fixture
+def node_processes(tmp_path: Path):
+    """Factory of subprocess nodes; every one still running is killed at the end."""
+    started: list[NodeProcess] = []
+
+    def make(config: Config) -> NodeProcess:
+        node_process = NodeProcess(config, tmp_path / f"node-{config.node_id}-{len(started)}.log")
+        started.append(node_process)
+        return node_process
+
+    yield make
+    for node_process in started:
+        node_process.kill()
