@@ -14,7 +14,13 @@ import socket
 import subprocess
 from pathlib import Path
 
-from pgserver._commands import POSTGRES_BIN_PATH
+import warnings
+
+with warnings.catch_warnings():
+    # pgserver looks up a runtime directory at import time and warns when XDG_RUNTIME_DIR
+    # is unset; we use only its binaries.
+    warnings.simplefilter("ignore")
+    from pgserver._commands import POSTGRES_BIN_PATH
 
 RUN_AS_USER = "pgserver"
 
