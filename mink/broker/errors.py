@@ -6,9 +6,11 @@ from kio.schema.errors import ErrorCode
 
 from mink.storage.log import (
     AppendInDoubt,
+    InvalidProducerEpoch,
     LogError,
     NotLeader,
     OffsetOutOfRange,
+    OutOfOrderSequence,
     StorageUnavailable,
 )
 
@@ -22,4 +24,8 @@ def error_for(exc: LogError) -> ErrorCode:
         return ErrorCode.kafka_storage_error  # retriable, and makes clients refresh metadata
     if isinstance(exc, OffsetOutOfRange):
         return ErrorCode.offset_out_of_range
+    if isinstance(exc, InvalidProducerEpoch):
+        return ErrorCode.invalid_producer_epoch
+    if isinstance(exc, OutOfOrderSequence):
+        return ErrorCode.out_of_order_sequence_number
     return ErrorCode.unknown_server_error

@@ -21,6 +21,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from mink.protocol.records import iter_batches, iter_records, patch_batch
+from mink.storage.metadata import ProducerStateUpdate
+from mink.storage.producer_state import (
+    BatchMetadata,
+    ProducerAppend,
+    ProducerError,
+    ProducerStateManager,
+)
 
 if TYPE_CHECKING:
     from mink.storage.wal import WalWriter
@@ -51,6 +58,28 @@ class OffsetOutOfRange(LogError):
     pass
 
 
+class InvalidProducerEpoch(LogError):
+    pass
+
+
+class OutOfOrderSequence(LogError):
+    pass
+
+
+class DuplicateBatch(LogError):
+    """The batch repeats one of the producer's last five: answer with the original offset
+    (once `batch.pending`, if still in flight, has its outcome); write nothing."""
+
+    def __init__(self, batch: BatchMetadata):
+        super().__init__("duplicate batch")
+        self.batch = batch
+
+    async def base_offset(self, timeout: float = math.inf) -> int:
+        if self.batch.pending is not None:
+            return await self.batch.pending.wait(timeout)
+        return self.batch.base_offset
+
+
 @dataclass(eq=False)
 class PendingAppend:
     """One append waiting for its WAL object to be uploaded and committed."""
@@ -59,6 +88,7 @@ class PendingAppend:
     base_offset: int
     last_offset: int
     generation: int
+    producer: ProducerAppend | None = None
     done: trio.Event = field(default_factory=trio.Event)
     error: LogError | None = None
 
@@ -106,6 +136,7 @@ class PartitionLog:
         self.closed: LogError | None = None
         self.frozen = False
         self.tail: collections.deque[Chunk] = collections.deque()
+        self.producers = ProducerStateManager()
         self._committed = trio.Event()
         # Long-polling fetches waiting on several partitions at once register one event here.
         self.waiters: set[trio.Event] = set()
@@ -117,15 +148,24 @@ class PartitionLog:
     # -- writes -------------------------------------------------------------------------
 
     def append(self, records: bytearray, batch_counts: list[int], max_timestamp: int,
-               producer_states: list | None = None) -> PendingAppend:
+               producer: ProducerAppend | None = None) -> PendingAppend:
         """Assign offsets to the batches in `records` (patched in place) and queue them.
 
-        `batch_counts` is the number of records of each batch, in order. No await here.
+        `batch_counts` is the number of records of each batch, in order; `producer` the
+        idempotent producer's id, epoch and sequences, checked here. No await here.
         """
         if self.closed is not None:
             raise self.closed
         if self.frozen:
             raise StorageUnavailable("partition frozen until an in-doubt commit is resolved")
+        if producer is not None:
+            try:
+                duplicate = self.producers.check(producer)
+            except ProducerError as exc:
+                raise (InvalidProducerEpoch(str(exc)) if exc.kind == "invalid_producer_epoch"
+                       else OutOfOrderSequence(str(exc))) from None
+            if duplicate is not None:
+                raise DuplicateBatch(duplicate)
         base = self.next_offset
         position = 0
         offset = base
@@ -134,11 +174,14 @@ class PartitionLog:
             (_, length) = _BATCH_POSITION.unpack_from(records, position)
             position += length + 12
             offset += count
-        pending = PendingAppend(self, base, offset - 1, self.generation)
+        pending = PendingAppend(self, base, offset - 1, self.generation, producer)
         self.next_offset = offset
         self.pending.append(pending)
-        self.wal.add(self, pending, records, max_timestamp, len(batch_counts),
-                     producer_states or [])
+        states = []
+        if producer is not None:
+            stored = self.producers.record(producer, base, offset - 1, pending)
+            states.append(ProducerStateUpdate(producer.producer_id, producer.epoch, stored))
+        self.wal.add(self, pending, records, max_timestamp, len(batch_counts), states)
         return pending
 
     def committed(self, chunks: list[Chunk]) -> None:
@@ -146,7 +189,11 @@ class PartitionLog:
         last_offset = chunks[-1].last_offset
         self.committed_end = last_offset + 1
         while self.pending and self.pending[0].last_offset <= last_offset:
-            self.pending.popleft().resolve()
+            pending = self.pending.popleft()
+            if pending.producer is not None:
+                self.producers.commit(pending.producer, pending.base_offset,
+                                      pending.last_offset)
+            pending.resolve()
         for chunk in chunks:
             self.caches.add_tail(self, chunk)
         self._wake()
@@ -168,6 +215,8 @@ class PartitionLog:
                 pending.resolve(error)
         self.pending = kept
         self.next_offset = kept[-1].last_offset + 1 if kept else self.committed_end
+        self.producers.rebuild([(p.producer, p.base_offset, p.last_offset, p)
+                                for p in kept if p.producer is not None])
 
     def close(self, error: LogError) -> None:
         """This node lost the partition (or is shutting down): fail everything pending."""

@@ -383,6 +383,8 @@ SELECT p.committed_end,
            AND e.leader_epoch > %(epoch)s
          ORDER BY e.leader_epoch LIMIT 1)
   FROM partitions AS p WHERE p.topic_id = %(t)s AND p.partition = %(p)s"""
+SQL_PRODUCER_ID_ISSUED = """
+SELECT %s::bigint BETWEEN 0 AND next_producer_id - 1 FROM cluster"""
 SQL_PRODUCER_STATES = """
 SELECT producer_id, producer_epoch, state, updated_at FROM producer_state
  WHERE topic_id = %s AND partition = %s ORDER BY producer_id"""
@@ -670,6 +672,11 @@ class MetadataStore:
         row = await self._one(WRITE, SQL_ALLOCATE_PRODUCER_IDS, {"n": count})
         assert row is not None
         return row[0]
+
+    async def producer_id_issued(self, producer_id: int) -> bool:
+        """Whether `producer_id` was ever handed out (ids are never reused)."""
+        row = await self._one(READ, SQL_PRODUCER_ID_ISSUED, (producer_id,))
+        return bool(row and row[0])
 
     # -- membership ----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import uuid
 import trio
 
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
+from mink.storage.producer_state import decode_entry
 from mink.storage.wal import WalWriter
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class Streams:
                                                 self.node_id, self.node_epoch)
         opened = PartitionLog(topic_id, partition, leader_epoch, state.committed_end,
                               state.log_start_offset, self.wal, self.caches)
+        opened.producers.load([decode_entry(s.producer_id, s.state)
+                               for s in await self.metadata.producer_states(topic_id, partition)])
         self.logs[(topic_id, partition)] = opened
         log.info("opened %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
                  leader_epoch, state.log_start_offset, state.committed_end)

@@ -15,17 +15,19 @@ from mink.broker.handlers.api_versions import NO_THROTTLE
 from mink.broker.topic_config import topic_setting
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.records import BatchError, parse_produce_records, set_log_append_time
-from mink.storage.log import LogError
+from mink.storage.log import DuplicateBatch, LogError
+from mink.storage.producer_state import ProducerAppend
 
 
 class _PartitionResult:
-    __slots__ = ("index", "error", "pending", "log_append_time", "log_start_offset",
-                 "leader", "message")
+    __slots__ = ("index", "error", "pending", "base_offset", "log_append_time",
+                 "log_start_offset", "leader", "message")
 
     def __init__(self, index: int):
         self.index = index
         self.error = ErrorCode.none
         self.pending = None
+        self.base_offset = -1
         self.log_append_time = None
         self.log_start_offset = -1
         self.leader = None
@@ -34,6 +36,11 @@ class _PartitionResult:
 
 async def handle(node, ctx, request):
     version = ctx.header.api_version
+    if request.acks not in (-1, 0, 1):
+        results = {t.name: [_refused(p.index, ErrorCode.invalid_required_acks)
+                            for p in t.partition_data] for t in request.topic_data}
+        ctx.applied()
+        return _response(node, version, results)
     if request.transactional_id is not None:
         # Transactions are not implemented: refuse them clearly rather than half-way.
         results = {t.name: [_refused(p.index, ErrorCode.transactional_id_authorization_failed,
@@ -58,8 +65,12 @@ async def handle(node, ctx, request):
     for partition_results in results.values():
         for result in partition_results:
             if result.pending is not None:
+                timeout = max(0.0, deadline - trio.current_time())
                 try:
-                    await result.pending.wait(max(0.0, deadline - trio.current_time()))
+                    if isinstance(result.pending, DuplicateBatch):
+                        result.base_offset = await result.pending.base_offset(timeout)
+                    else:
+                        result.base_offset = await result.pending.wait(timeout)
                 except LogError as exc:
                     result.error = error_for(exc)
                     result.message = str(exc)
@@ -100,8 +111,17 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
         max_timestamp = now_ms
         result.log_append_time = datetime.datetime.fromtimestamp(now_ms / 1000,
                                                                   datetime.timezone.utc)
+    producer = None
+    if header.producer_id >= 0:
+        producer = ProducerAppend(header.producer_id, header.producer_epoch,
+                                  header.base_sequence, header.last_sequence)
     try:
-        result.pending = partition_log.append(records, [header.records_count], max_timestamp)
+        result.pending = partition_log.append(records, [header.records_count], max_timestamp,
+                                              producer)
+    except DuplicateBatch as exc:
+        # A retry of a batch already written (or still in flight): its original offset,
+        # nothing written again.
+        result.pending = exc
     except LogError as exc:
         return _refused(data.index, error_for(exc), str(exc))
     result.log_start_offset = partition_log.log_start_offset
@@ -118,7 +138,7 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
     for name, partition_results in results.items():
         partitions = []
         for r in partition_results:
-            base_offset = r.pending.base_offset if (r.pending and not r.error) else -1
+            base_offset = r.base_offset if not r.error else -1
             extra = {}
             if leader_schema is not None and r.leader is not None and r.leader.leader is not None:
                 extra["current_leader"] = leader_schema(leader_id=r.leader.leader,

@@ -1,0 +1,189 @@
+"""The idempotent producer: InitProducerId, sequence checks, duplicates across retries and
+restarts."""
+
+from __future__ import annotations
+
+import collections
+
+import trio
+
+from mink.protocol.records import Record, build_batch
+from mink.storage.embedded_postgres import free_port
+from mink.storage.producer_state import (
+    ProducerAppend,
+    ProducerError,
+    ProducerStateManager,
+)
+from tests.support.nodes import node_config
+from tests.support.raw import (
+    RawClient,
+    init_producer_id_request,
+    produce_request,
+    produce_result,
+)
+from tests.test_interop import confluent_consume, confluent_produce
+
+NONE, OUT_OF_ORDER, INVALID_EPOCH = 0, 45, 47
+
+
+def idempotent_batch(producer_id: int, epoch: int, sequence: int, values: list[bytes]) -> bytes:
+    return build_batch([Record(i, 0, None, v) for i, v in enumerate(values)],
+                       producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence)
+
+
+async def test_same_request_twice_is_written_once(node):
+    client = await RawClient.connect(node)
+    init = await client.call(22, 4, init_producer_id_request())
+    assert init.error_code == NONE and init.producer_id >= 0 and init.producer_epoch == 0
+    # A first, non-idempotent produce creates the topic (auto-creation).
+    await client.call(0, 9, produce_request("dups", 0, build_batch([Record(0, 0, None, b"x")])))
+    request = produce_request("dups", 0, idempotent_batch(init.producer_id, 0, 0,
+                                                          [b"a", b"b", b"c"]))
+    first = produce_result(await client.call(0, 9, request))
+    again = produce_result(await client.call(0, 9, request))
+    assert first == again == (NONE, 1)
+    follow = produce_result(await client.call(0, 9, produce_request(
+        "dups", 0, idempotent_batch(init.producer_id, 0, 3, [b"d"]))))
+    assert follow == (NONE, 4), "the duplicate wrote nothing"
+    await client.aclose()
+    values = await trio.to_thread.run_sync(
+        lambda: confluent_consume(node, "dups", 5, partitions=1))
+    assert [m.value() for m in values] == [b"x", b"a", b"b", b"c", b"d"]
+
+
+async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(node):
+    client = await RawClient.connect(node)
+    init = await client.call(22, 4, init_producer_id_request())
+    await client.call(0, 9, produce_request("inflight", 0, build_batch([Record(0, 0, None, b"x")])))
+    request = produce_request("inflight", 0, idempotent_batch(init.producer_id, 0, 0, [b"a"]))
+    # The retry is sent before the first answer arrives: it must not be appended again.
+    await client.send(0, 9, request)
+    await client.send(0, 9, request)
+    results = [produce_result((await client.receive(0, 9))[1]) for _ in range(2)]
+    assert results == [(NONE, 1), (NONE, 1)]
+    assert produce_result(await client.call(0, 9, produce_request(
+        "inflight", 0, idempotent_batch(init.producer_id, 0, 1, [b"b"])))) == (NONE, 2)
+    await client.aclose()
+
+
+async def test_out_of_order_and_stale_epoch_are_refused(node):
+    client = await RawClient.connect(node)
+    init = await client.call(22, 4, init_producer_id_request())
+    pid = init.producer_id
+    await client.call(0, 9, produce_request("order", 0, build_batch([Record(0, 0, None, b"x")])))
+    ok = await client.call(0, 9, produce_request("order", 0, idempotent_batch(pid, 0, 0, [b"a"])))
+    assert produce_result(ok)[0] == NONE
+    gap = await client.call(0, 9, produce_request("order", 0, idempotent_batch(pid, 0, 5, [b"b"])))
+    assert produce_result(gap) == (OUT_OF_ORDER, -1)
+    # Bump the epoch (KIP-360): the same id, the next epoch, starting again at sequence 0.
+    bumped = await client.call(22, 4, init_producer_id_request(producer_id=pid, epoch=0))
+    assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (NONE, pid, 1)
+    new_epoch_bad_seq = await client.call(0, 9, produce_request(
+        "order", 0, idempotent_batch(pid, 1, 7, [b"c"])))
+    assert produce_result(new_epoch_bad_seq)[0] == OUT_OF_ORDER
+    new_epoch = await client.call(0, 9, produce_request(
+        "order", 0, idempotent_batch(pid, 1, 0, [b"c"])))
+    assert produce_result(new_epoch)[0] == NONE
+    stale = await client.call(0, 9, produce_request(
+        "order", 0, idempotent_batch(pid, 0, 1, [b"d"])))
+    assert produce_result(stale) == (INVALID_EPOCH, -1)
+    await client.aclose()
+
+
+async def test_producer_ids_are_never_reused(node):
+    client = await RawClient.connect(node)
+    ids = [(await client.call(22, 4, init_producer_id_request())).producer_id for _ in range(5)]
+    assert len(set(ids)) == 5
+    unknown = await client.call(22, 4, init_producer_id_request(producer_id=10**12, epoch=0))
+    assert unknown.error_code == 49  # INVALID_PRODUCER_ID_MAPPING
+    await client.aclose()
+
+
+async def test_duplicate_recognised_after_kill_and_restart(pg_url, store_url, node_processes):
+    config = node_config(pg_url, store_url, listener=f"127.0.0.1:{free_port()}")
+    first = node_processes(config)
+    await trio.to_thread.run_sync(first.start)
+    client = await RawClient.connect(first.address)
+    init = await client.call(22, 4, init_producer_id_request())
+    await client.call(0, 9, produce_request("restart", 0, build_batch([Record(0, 0, None, b"x")])))
+    request = produce_request("restart", 0, idempotent_batch(init.producer_id, 0, 0,
+                                                             [b"acked"]))
+    assert produce_result(await client.call(0, 9, request)) == (NONE, 1)
+    await client.aclose()
+    first.kill()
+    second = node_processes(config)
+    await trio.to_thread.run_sync(second.start)
+    with trio.fail_after(30):
+        while True:  # the partition is opening: NOT_LEADER_OR_FOLLOWER until it is
+            client = await RawClient.connect(second.address)
+            result = produce_result(await client.call(0, 9, request))
+            await client.aclose()
+            if result[0] != 6:
+                break
+            await trio.sleep(0.1)
+    assert result == (NONE, 1), "the retried batch must be recognised as a duplicate"
+    values = await trio.to_thread.run_sync(
+        lambda: confluent_consume(second.address, "restart", 2, partitions=1, timeout=10))
+    assert [m.value() for m in values] == [b"x", b"acked"]
+
+
+def _no_duplicates(messages) -> None:
+    values = [m for m in messages]
+    counts = collections.Counter(values)
+    assert all(c == 1 for c in counts.values()), [v for v, c in counts.items() if c > 1][:5]
+
+
+async def test_confluent_idempotent_producer(node):
+    n = 10_000
+
+    def run():
+        confluent_produce(node, "idem-confluent",
+                          [{"value": b"v%d" % i, "key": b"k%d" % (i % 7)} for i in range(n)],
+                          **{"enable.idempotence": True})
+        return [m.value() for m in confluent_consume(node, "idem-confluent", n, partitions=1)]
+
+    values = await trio.to_thread.run_sync(run)
+    assert len(values) == n
+    _no_duplicates(values)
+    assert set(values) == {b"v%d" % i for i in range(n)}
+
+
+async def test_kafka_python_default_producer_is_idempotent(node):
+    n = 10_000
+
+    def run():
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=node)  # idempotence on by default
+        assert producer.config["enable_idempotence"]
+        futures = [producer.send("idem-kafka-python", value=b"v%d" % i) for i in range(n)]
+        producer.flush(60)
+        offsets = [f.get(timeout=1).offset for f in futures]
+        producer.close()
+        consumed = [m.value() for m in confluent_consume(node, "idem-kafka-python", n,
+                                                        partitions=1)]
+        return offsets, consumed
+
+    offsets, consumed = await trio.to_thread.run_sync(run)
+    assert sorted(offsets) == list(range(n))
+    _no_duplicates(consumed)
+    assert consumed == [b"v%d" % i for i in range(n)]
+
+
+def test_sequence_rules_as_kafka():
+    state = ProducerStateManager()
+    first = ProducerAppend(7, 0, 100, 104)
+    assert state.check(first) is None  # an unknown producer may start anywhere
+    state.record(first, 0, 4, None)
+    assert state.check(ProducerAppend(7, 0, 100, 104)).base_offset == 0  # duplicate
+    assert state.check(ProducerAppend(7, 0, 105, 105)) is None
+    for bad in (ProducerAppend(7, 0, 106, 106), ProducerAppend(7, 1, 3, 3)):
+        try:
+            state.check(bad)
+        except ProducerError as exc:
+            assert exc.kind == "out_of_order_sequence_number"
+        else:
+            raise AssertionError(f"{bad} accepted")
+    wrap = ProducerStateManager()
+    wrap.record(ProducerAppend(1, 0, 2**31 - 3, 2**31 - 1), 0, 2, None)
+    assert wrap.check(ProducerAppend(1, 0, 0, 4)) is None  # sequences wrap after 2^31 - 1
