@@ -15,6 +15,7 @@ import trio
 import trio_asyncio
 
 from mink.broker.config import Config
+from mink.broker.producer_ids import ProducerIdBlock
 from mink.broker.server import serve_kafka
 from mink.broker.topic_config import validate_topic_config
 from mink.broker.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
@@ -42,6 +43,7 @@ class Node:
         self.advertised: tuple[str, int] = config.advertised_address()
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None
+        self.producer_ids = ProducerIdBlock(metadata)
         self._held_by: dict[tuple[uuid.UUID, int], int] = {}
         self._sync_lock = trio.Lock()
 
