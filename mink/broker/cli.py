@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 import mink
+from mink.broker import topics_cli
 from mink.broker.config import Config, ConfigError, load_config
 
 log = logging.getLogger("mink")
@@ -45,12 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="one node of a cluster")
     _node_flags(serve)
 
+    topics_cli.add_parser(commands)
+
     args = parser.parse_args(argv)
     try:
         if args.command == "dev":
             return run_dev(args)
         if args.command == "serve":
             return run_serve(load_config(args.config, overrides=_overrides(args)))
+        if args.command == "topics":
+            return topics_cli.run(args)
     except ConfigError as exc:
         print(f"mink: {exc}", file=sys.stderr)
         return 2

@@ -45,15 +45,24 @@ class Setting:
     default: str
     parse: Callable[[str], Any]
     doc: str
+    # Kafka's ConfigDef type, as DescribeConfigs v3+ reports it: BOOLEAN, STRING, INT, LONG, LIST...
+    type: str = "STRING"
+    # The broker setting that supplies the default in Kafka (DescribeConfigs synonyms).
+    broker_synonym: str | None = None
 
 
 TOPIC_SETTINGS: dict[str, Setting] = {
-    "cleanup.policy": Setting("delete", _cleanup_policy, "delete old segments; compact: not yet"),
-    "retention.ms": Setting("604800000", _long(-1), "how long data is kept; -1: forever"),
-    "retention.bytes": Setting("-1", _long(-1), "how many bytes a partition keeps; -1: all"),
+    "cleanup.policy": Setting("delete", _cleanup_policy, "delete old segments; compact: not yet",
+                              "LIST", "log.cleanup.policy"),
+    "retention.ms": Setting("604800000", _long(-1), "how long data is kept; -1: forever",
+                            "LONG", "log.retention.ms"),
+    "retention.bytes": Setting("-1", _long(-1), "how many bytes a partition keeps; -1: all",
+                               "LONG", "log.retention.bytes"),
     "message.timestamp.type": Setting("CreateTime", _choice("CreateTime", "LogAppendTime"),
-                                      "which timestamp batches carry"),
-    "max.message.bytes": Setting("1048588", _long(0), "the largest record batch accepted"),
+                                      "which timestamp batches carry", "STRING",
+                                      "log.message.timestamp.type"),
+    "max.message.bytes": Setting("1048588", _long(0), "the largest record batch accepted",
+                                 "INT", "message.max.bytes"),
 }
 
 

@@ -46,6 +46,12 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.METADATA: (0, 12),
     ApiKey.API_VERSIONS: (0, 3),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    ApiKey.INIT_PRODUCER_ID: (0, 4),
+    ApiKey.CREATE_TOPICS: (2, 7),
+    ApiKey.DELETE_TOPICS: (1, 6),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.DESCRIBE_CLUSTER: (0, 1),
 }
 
 
