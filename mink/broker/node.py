@@ -15,6 +15,8 @@ import trio
 import trio_asyncio
 
 from mink.broker.config import Config
+from mink.broker.coordinator import ClusterCoordinator, NotCoordinator
+from mink.broker.forward import auto_create_via_coordinator
 from mink.broker.producer_ids import ProducerIdBlock
 from mink.broker.server import serve_kafka
 from mink.broker.topic_config import validate_topic_config
@@ -44,8 +46,14 @@ class Node:
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None
         self.producer_ids = ProducerIdBlock(metadata)
+        self.coordinator = ClusterCoordinator(self)
+        # False while this node may not act as a leader: before it registered, and after it
+        # could not renew its membership in time (self-fencing).
+        self.leading = False
         self._held_by: dict[tuple[uuid.UUID, int], int] = {}
         self._sync_lock = trio.Lock()
+        self._incarnation_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
 
     # -- the view and the partitions this node leads --------------------------------------
 
@@ -57,7 +65,7 @@ class Node:
         """Open the partitions the view says this node leads; close the others (seed 000,
         "Opening a bucket")."""
         streams = self.streams
-        if streams is None:
+        if streams is None or not self.leading:
             return
         async with self._sync_lock:
             wanted: set[tuple[uuid.UUID, int]] = set()
@@ -104,7 +112,7 @@ class Node:
     def leader_log(self, topic: TopicInfo, partition: int) -> PartitionLog | None:
         """The open log of a partition this node leads, or None (not the leader, or still
         opening): the caller answers NOT_LEADER_OR_FOLLOWER."""
-        if self.streams is None:
+        if self.streams is None or not self.leading:
             return None
         partition_log = self.streams.get(topic.topic_id, partition)
         if partition_log is None or partition_log.closed is not None:
@@ -120,37 +128,144 @@ class Node:
         start = int(time.time() * 1000) % len(live)
         return [live[(first + i + start) % len(live)] for i in range(partitions)]
 
-    async def create_topic(self, name: str, partitions: int, configs: dict[str, str]):
-        created = await self.metadata.create_topic(
-            name, partitions, validate_topic_config(configs), self.assign_leaders(partitions))
-        await self.refresh_view()
-        return created
+    # Topic and partition creation and deletion are coordinator actions (seed 000): done by the
+    # coordinator lease holder under its lease epoch. Handlers forward them to the holder;
+    # these methods refuse with NotCoordinator on any other node.
+
+    def _coordinator_epoch(self) -> int:
+        if not self.coordinator.is_holder:
+            raise NotCoordinator(f"node {self.node_id} is not the cluster coordinator")
+        return self.coordinator.lease_epoch
+
+    async def _coordinator_action(self, action):
+        try:
+            result = await action(self._coordinator_epoch())
+        except StaleEpoch as exc:
+            if exc.reason == "stale_coordinator_epoch":
+                self.coordinator.drop()
+                raise NotCoordinator("the coordinator lease moved") from None
+            raise
+        try:
+            await self.refresh_view()
+        except MetadataUnavailable as exc:  # done: the sync task catches up
+            log.warning("view refresh after a coordinator action failed: %s", exc)
+        return result
+
+    async def create_topic(self, name: str, partitions: int, configs: dict[str, str],
+                           leaders: list[int] | None = None):
+        config = validate_topic_config(configs)
+        leaders = leaders if leaders is not None else self.assign_leaders(partitions)
+        return await self._coordinator_action(lambda epoch: self.metadata.create_topic(
+            name, partitions, config, leaders, coordinator_epoch=epoch))
+
+    async def create_partitions(self, name: str, total: int, leaders: list[int]):
+        return await self._coordinator_action(lambda epoch: self.metadata.create_partitions(
+            name, total, leaders, coordinator_epoch=epoch))
+
+    async def delete_topic(self, name: str | None = None, *, topic_id=None):
+        return await self._coordinator_action(lambda epoch: self.metadata.delete_topic(
+            name, topic_id=topic_id, coordinator_epoch=epoch))
 
     async def auto_create_topics(self, names: list[str]) -> None:
-        """auto.create.topics.enable: unknown, valid names become topics of num.partitions."""
+        """auto.create.topics.enable: unknown, valid names become topics of num.partitions,
+        created by the coordinator (forwarded there from any other node)."""
         if not self.config.auto_create_topics_enable:
             return
         missing = [n for n in dict.fromkeys(names)
                    if n not in self.view.topics and topic_name_error(n) is None]
+        if not missing:
+            return
+        if not self.coordinator.is_holder:
+            await auto_create_via_coordinator(self, missing)
+            await self._try_refresh()
+            return
         for name in missing:
             try:
                 await self.create_topic(name, self.config.num_partitions, {})
                 log.info("auto-created topic %s with %d partitions", name,
                          self.config.num_partitions)
             except md.TopicExists:
-                await self.refresh_view()
+                await self._try_refresh()
+            except (NotCoordinator, MetadataUnavailable) as exc:
+                log.warning("could not auto-create topic %s: %s", name, exc)
+
+    async def _try_refresh(self) -> None:
+        try:
+            await self.refresh_view()
+        except MetadataUnavailable as exc:
+            log.warning("view refresh failed: %s", exc)
 
     # -- background loops ------------------------------------------------------------------
 
-    async def heartbeat_loop(self) -> None:
-        interval = self.config.lease_ttl / 3
+    async def membership_loop(self) -> None:
+        """Renew the membership every lease_ttl / 3. A node whose last successful renewal was
+        sent more than lease_ttl minus a margin ago stops acting as a leader (others may
+        take its partitions by then); once PostgreSQL answers again it registers anew.
+        A refused renewal (its epoch was fenced) also makes it start again, without a
+        process restart."""
+        ttl = self.config.lease_ttl
+        margin = max(0.5, ttl / 10)
+        last_renewal_sent = trio.current_time()
         while True:
-            await trio.sleep(interval)
-            try:
-                await self.metadata.heartbeat(self.node_id, self.node_epoch,
-                                              ttl_s=self.config.lease_ttl)
-            except MetadataUnavailable as exc:
-                log.warning("heartbeat failed, PostgreSQL unavailable: %s", exc)
+            if self.leading:
+                await trio.sleep_until(last_renewal_sent + ttl / 3)
+            sent = trio.current_time()
+            fence_at = last_renewal_sent + ttl - margin
+            deadline = min(sent + ttl / 3, fence_at) if self.leading else sent + ttl / 3
+            renewed = False
+            with trio.move_on_at(deadline):
+                try:
+                    if self.leading:
+                        await self.metadata.heartbeat(self.node_id, self.node_epoch, ttl_s=ttl)
+                    else:
+                        await self.reincarnate()
+                    renewed = True
+                except StaleEpoch:
+                    log.error("membership renewal refused: epoch %d was fenced",
+                              self.node_epoch)
+                    self.stop_leading("fenced")
+                except MetadataUnavailable as exc:
+                    log.warning("membership renewal failed: %s", exc)
+            if renewed:
+                last_renewal_sent = sent
+                continue
+            if self.leading and trio.current_time() >= fence_at:
+                self.stop_leading("membership not renewed within lease_ttl")
+            await trio.sleep(min(1.0, ttl / 6))
+
+    def stop_leading(self, why: str) -> None:
+        """Self-fencing: close every partition, stop coordinating; requests get retriable
+        errors until this node registers again."""
+        if not self.leading:
+            return
+        log.error("node %d stops leading: %s", self.node_id, why)
+        self.leading = False
+        self.coordinator.drop()
+        if self.streams is not None:
+            self.streams.stop()
+            self.streams = None
+
+    async def reincarnate(self) -> None:
+        """Register with a new node epoch, start a fresh WAL writer, reopen what we lead."""
+        async with self._incarnation_lock:
+            self.stop_leading("registering again")
+            await self.register()
+            await self.start_streams()
+
+    async def start_streams(self) -> None:
+        config = self.config
+        delay = config.effective_wal_max_delay_ms() / 1000
+        uploads = 4 if config.object_store.startswith("s3://") else 1
+        self.streams = Streams(
+            self.node_id, self.node_epoch, self.objects, self.metadata,
+            wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
+            wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
+            commit_timeout=config.commit_timeout)
+        await self._nursery.start(self.streams.run)
+        self._nursery.start_soon(_settle_orphans, self, self.streams)
+        self.leading = True
+        await self.coordinator.hold_lease()
+        await self.refresh_view()
 
     async def sync_loop(self) -> None:
         """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop
@@ -217,37 +332,31 @@ async def _serve(node: Node, task_status) -> None:
     config = node.config
     host, port = config.listener_address()
     async with trio.open_nursery() as nursery:
+        node._nursery = nursery
         bound = await nursery.start(serve_kafka, node, host, port,
                                     config.socket_request_max_bytes)
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
         await node.register()
         try:
-            delay = config.effective_wal_max_delay_ms() / 1000
-            uploads = 4 if config.object_store.startswith("s3://") else 1
-            node.streams = Streams(
-                node.node_id, node.node_epoch, node.objects, node.metadata,
-                wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
-                wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
-                commit_timeout=config.commit_timeout)
-            await nursery.start(node.streams.run)
-            await node.refresh_view()
-            nursery.start_soon(node.heartbeat_loop)
+            await node.start_streams()
+            nursery.start_soon(node.membership_loop)
             nursery.start_soon(node.sync_loop)
-            nursery.start_soon(_settle_orphans, node)
+            nursery.start_soon(node.coordinator.run)
             task_status.started(node.advertised)
             await trio.sleep(math.inf)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
+                    await node.coordinator.release()
                     await node.metadata.leave(node.node_id, node.node_epoch)
                     log.info("node %d left the cluster", node.node_id)
                 except Exception as exc:  # the membership expires by itself
                     log.warning("could not leave cleanly: %s", exc)
 
 
-async def _settle_orphans(node: Node) -> None:
+async def _settle_orphans(node: Node, streams: Streams) -> None:
     try:
-        await node.streams.settle_orphans(node.objects)
+        await streams.settle_orphans(node.objects)
     except Exception as exc:  # garbage collection will find them later
         log.warning("could not settle uncommitted WAL objects of earlier epochs: %s", exc)

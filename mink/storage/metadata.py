@@ -383,6 +383,15 @@ SELECT p.committed_end,
            AND e.leader_epoch > %(epoch)s
          ORDER BY e.leader_epoch LIMIT 1)
   FROM partitions AS p WHERE p.topic_id = %(t)s AND p.partition = %(p)s"""
+SQL_REQUEST_CLUSTER_ACTION = """
+INSERT INTO cluster_requests (kind) VALUES (%s) RETURNING id"""
+SQL_PENDING_CLUSTER_REQUESTS = """
+SELECT id FROM cluster_requests WHERE kind = %s AND done_at IS NULL ORDER BY id"""
+SQL_FINISH_CLUSTER_REQUEST = """
+UPDATE cluster_requests SET done_at = now(), result = %s::jsonb
+ WHERE id = %s AND done_at IS NULL RETURNING id"""
+SQL_CLUSTER_REQUEST_RESULT = """
+SELECT result FROM cluster_requests WHERE id = %s"""
 SQL_PRODUCER_ID_ISSUED = """
 SELECT %s::bigint BETWEEN 0 AND next_producer_id - 1 FROM cluster"""
 SQL_PRODUCER_STATES = """
@@ -677,6 +686,24 @@ class MetadataStore:
         """Whether `producer_id` was ever handed out (ids are never reused)."""
         row = await self._one(READ, SQL_PRODUCER_ID_ISSUED, (producer_id,))
         return bool(row and row[0])
+
+    # -- operator requests carried out by the coordinator ---------------------------------------
+
+    async def request_cluster_action(self, kind: str) -> int:
+        row = await self._one(WRITE, SQL_REQUEST_CLUSTER_ACTION, (kind,))
+        assert row is not None
+        return row[0]
+
+    async def pending_cluster_requests(self, kind: str) -> list[int]:
+        return [r[0] for r in await self._all(READ, SQL_PENDING_CLUSTER_REQUESTS, (kind,))]
+
+    async def finish_cluster_request(self, request_id: int, result: dict[str, Any]) -> None:
+        await self._one(IDEMPOTENT, SQL_FINISH_CLUSTER_REQUEST,
+                        (_json_encoder.encode(result).decode(), request_id))
+
+    async def cluster_request_result(self, request_id: int) -> dict[str, Any] | None:
+        row = await self._one(READ, SQL_CLUSTER_REQUEST_RESULT, (request_id,))
+        return None if row is None or row[0] is None else row[0]
 
     # -- membership ----------------------------------------------------------------------------
 

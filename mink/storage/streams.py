@@ -29,13 +29,25 @@ class Streams:
                              commit_timeout=commit_timeout, on_fenced=self._on_fenced)
         self.logs: dict[tuple[uuid.UUID, int], PartitionLog] = {}
         self.fenced = trio.Event()  # set when a commit was refused; the owner resyncs
+        self._scope = trio.CancelScope()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await self.wal.run(task_status=task_status)
+            with self._scope:
+                await self.wal.run(task_status=task_status)
         finally:
-            for partition_log in list(self.logs.values()):
-                partition_log.close(NotLeader("node stopping"))
+            self._close_all()
+
+    def stop(self) -> None:
+        """Close every log now and stop the WAL writer (its in-flight commits finish or
+        time out first: they are shielded)."""
+        self._close_all()
+        self._scope.cancel()
+
+    def _close_all(self) -> None:
+        for partition_log in list(self.logs.values()):
+            partition_log.close(NotLeader("this node stopped leading"))
+        self.logs.clear()
 
     def get(self, topic_id: uuid.UUID, partition: int) -> PartitionLog | None:
         return self.logs.get((topic_id, partition))

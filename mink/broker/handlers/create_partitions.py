@@ -14,6 +14,8 @@ from mink.broker.handlers.create_topics import (
     Refused,
     assigned_leader,
 )
+from mink.broker.coordinator import NotCoordinator
+from mink.broker.forward import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage import metadata as md
 
@@ -21,6 +23,9 @@ log = logging.getLogger(__name__)
 
 
 async def handle(node, ctx, request):
+    forwarded = await forward_unless_coordinator(node, ctx, request)
+    if forwarded is not None:
+        return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "CreatePartitionsTopicResult")
     counts = Counter(t.name for t in request.topics)
@@ -77,7 +82,9 @@ def plan_partitions(node, topic) -> tuple[int, list[int]]:
 async def create_partitions(node, name: str, total: int, leaders: list[int]) -> None:
     """Grow the topic and wait until this node's view has the new partitions."""
     try:
-        await node.metadata.create_partitions(name, total, leaders)
+        await node.create_partitions(name, total, leaders)
+    except NotCoordinator as exc:
+        raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.UnknownTopic:
         raise Refused(ErrorCode.unknown_topic_or_partition,
                       "This server does not host this topic-partition.") from None
@@ -88,8 +95,3 @@ async def create_partitions(node, name: str, total: int, leaders: list[int]) -> 
                       f"the metadata store did not answer, try again: {exc}") from None
     except md.MetadataError as exc:
         raise Refused(ErrorCode.unknown_server_error, str(exc)) from None
-    try:
-        await node.refresh_view()
-    except md.MetadataUnavailable as exc:
-        log.warning("view refresh after creating partitions failed (the sync task will "
-                    "catch up): %s", exc)

@@ -18,6 +18,8 @@ from kio.schema.errors import ErrorCode
 from mink.broker.handlers.api_versions import NO_THROTTLE
 from mink.broker.handlers.describe_configs import topic_config_entries
 from mink.broker.topic_config import TOPIC_SETTINGS, InvalidConfig, validate_topic_config
+from mink.broker.coordinator import NotCoordinator
+from mink.broker.forward import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error
 from mink.storage import metadata as md
@@ -47,6 +49,9 @@ class Plan:
 
 
 async def handle(node, ctx, request):
+    forwarded = await forward_unless_coordinator(node, ctx, request)
+    if forwarded is not None:
+        return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     results: dict[str, object] = {}
     counts = Counter(t.name for t in request.topics)
@@ -178,15 +183,10 @@ def _colliding_topic(name: str, topics) -> str | None:
 async def create_topic(node, plan: Plan) -> uuid.UUID:
     """Create the topic and wait until this node's view has it; Refused on a known refusal."""
     try:
-        if plan.leaders is None:
-            created = await node.create_topic(plan.name, plan.partitions, plan.configs)
-        else:
-            created = await node.metadata.create_topic(plan.name, plan.partitions, plan.configs,
-                                                       plan.leaders)
-            try:
-                await node.refresh_view()
-            except md.MetadataUnavailable as exc:  # created: the sync task will catch up
-                log.warning("view refresh after creating topic %s failed: %s", plan.name, exc)
+        created = await node.create_topic(plan.name, plan.partitions, plan.configs,
+                                          plan.leaders)
+    except NotCoordinator as exc:
+        raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.TopicExists:
         raise Refused(ErrorCode.topic_already_exists,
                       f"Topic '{plan.name}' already exists.") from None

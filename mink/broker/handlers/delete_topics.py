@@ -12,6 +12,8 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.handlers.api_versions import NO_THROTTLE
 from mink.broker.handlers.create_topics import Refused
+from mink.broker.coordinator import NotCoordinator
+from mink.broker.forward import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage import metadata as md
 
@@ -21,6 +23,9 @@ ZERO_UUID = uuid.UUID(int=0)
 
 
 async def handle(node, ctx, request):
+    forwarded = await forward_unless_coordinator(node, ctx, request)
+    if forwarded is not None:
+        return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "DeletableTopicResult")
     if ctx.header.api_version >= 6:
@@ -58,13 +63,8 @@ async def handle(node, ctx, request):
                 name = known.name if known is not None else None
             results.append(build(result_schema, name=name, topic_id=topic_id or ZERO_UUID,
                                  error_code=refused.error, error_message=refused.message))
-    if any(r.error_code == ErrorCode.none for r in results):
-        # The node closes the partitions it led; other nodes follow through the change log.
-        try:
-            await node.refresh_view()
-        except md.MetadataUnavailable as exc:
-            log.warning("view refresh after a topic deletion failed (the sync task will "
-                        "catch up): %s", exc)
+    # node.delete_topic refreshed the view: this node closed the partitions it led; the
+    # other nodes follow through the change log.
     ctx.applied()
     return build(schema, throttle_time=NO_THROTTLE, responses=tuple(results))
 
@@ -75,9 +75,11 @@ async def delete_topic(node, name: str | None, topic_id: uuid.UUID | None):
         if topic_id is not None:
             known = node.view.topic_by_id(topic_id)
             name = known.name if known is not None else None
-            deleted_id = await node.metadata.delete_topic(topic_id=topic_id)
+            deleted_id = await node.delete_topic(topic_id=topic_id)
         else:
-            deleted_id = await node.metadata.delete_topic(name)
+            deleted_id = await node.delete_topic(name)
+    except NotCoordinator as exc:
+        raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.UnknownTopic:
         if topic_id is not None:
             raise Refused(ErrorCode.unknown_topic_id,

@@ -1,0 +1,150 @@
+"""The cluster coordinator (seed 000, "Assignment" and "Coordinator failover").
+
+Every node competes for the coordinator lease in PostgreSQL; only its holder runs the tick.
+The tick re-leads partitions whose leader is not live to the least-loaded live node (lowest
+id on ties, loads updated after each move) and serves `mink cluster rebalance` requests.
+Every LeadBucket it issues carries the lease epoch, so a coordinator that lost the lease
+cannot move anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+
+import trio
+
+from mink.storage import metadata as md
+from mink.storage.metadata import MetadataUnavailable, StaleEpoch
+
+log = logging.getLogger(__name__)
+
+COORDINATOR_LEASE = "coordinator"
+
+
+class NotCoordinator(Exception):
+    """A coordinator action reached a node that does not hold the coordinator lease."""
+
+Move = tuple[uuid.UUID, int, int, int]  # topic id, partition, new leader, expected epoch
+
+
+def _partitions(view: md.View):
+    for topic in view.topics:
+        for p in topic.partitions:
+            yield topic, p
+
+
+def plan_orphan_moves(view: md.View, loads: Counter | None = None) -> list[Move]:
+    """Partitions whose leader is not live go to the least-loaded live node."""
+    live = sorted(n.node_id for n in view.nodes)
+    if not live:
+        return []
+    if loads is None:
+        loads = Counter({node_id: 0 for node_id in live})
+        for _, p in _partitions(view):
+            if p.leader_node in loads:
+                loads[p.leader_node] += 1
+    moves = []
+    for topic, p in _partitions(view):
+        if p.leader_node not in loads:
+            target = min(live, key=lambda n: (loads[n], n))
+            loads[target] += 1
+            moves.append((topic.topic_id, p.partition, target, p.leader_epoch))
+    return moves
+
+
+def plan_rebalance(view: md.View) -> list[Move]:
+    """Orphans first, then from nodes above 110% of the mean load to nodes below 90%."""
+    live = sorted(n.node_id for n in view.nodes)
+    if not live:
+        return []
+    loads = Counter({node_id: 0 for node_id in live})
+    led: dict[int, list] = {node_id: [] for node_id in live}
+    for topic, p in _partitions(view):
+        if p.leader_node in loads:
+            loads[p.leader_node] += 1
+            led[p.leader_node].append((topic.topic_id, p.partition, p.leader_epoch))
+    moves = plan_orphan_moves(view, loads)
+    mean = sum(loads.values()) / len(live)
+    while True:
+        source = max(live, key=lambda n: (loads[n], -n))
+        target = min(live, key=lambda n: (loads[n], n))
+        if not (loads[source] > 1.1 * mean and loads[target] < 0.9 * mean) or not led[source]:
+            break
+        topic_id, partition, epoch = led[source].pop()
+        loads[source] -= 1
+        loads[target] += 1
+        moves.append((topic_id, partition, target, epoch))
+    return moves
+
+
+class ClusterCoordinator:
+    def __init__(self, node) -> None:
+        self.node = node
+        self.lease_epoch: int | None = None
+
+    @property
+    def is_holder(self) -> bool:
+        return self.lease_epoch is not None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.hold_lease()
+                if self.is_holder:
+                    await self.tick()
+            except MetadataUnavailable as exc:
+                log.warning("coordinator tick skipped: %s", exc)
+            await trio.sleep(self.node.config.coordinator_tick)
+
+    async def hold_lease(self) -> None:
+        node = self.node
+        ttl = node.config.lease_ttl
+        if not node.leading:
+            self.lease_epoch = None
+            return
+        if self.lease_epoch is None:
+            self.lease_epoch = await node.metadata.acquire_lease(
+                COORDINATOR_LEASE, node.node_id, node.node_epoch, ttl_s=ttl)
+            if self.lease_epoch is not None:
+                log.info("node %d is the cluster coordinator (lease epoch %d)", node.node_id,
+                         self.lease_epoch)
+            return
+        try:
+            await node.metadata.renew_lease(COORDINATOR_LEASE, node.node_id, self.lease_epoch,
+                                            ttl_s=ttl)
+        except StaleEpoch:
+            log.warning("node %d lost the coordinator lease", node.node_id)
+            self.lease_epoch = None
+
+    def drop(self) -> None:
+        """Stop acting as coordinator (this node stopped leading)."""
+        self.lease_epoch = None
+
+    async def release(self) -> None:
+        if self.lease_epoch is not None:
+            epoch, self.lease_epoch = self.lease_epoch, None
+            await self.node.metadata.release_lease(COORDINATOR_LEASE, self.node.node_id, epoch)
+
+    async def tick(self) -> None:
+        view = await self.node.metadata.view()
+        await self._apply(plan_orphan_moves(view), "orphaned")
+        for request_id in await self.node.metadata.pending_cluster_requests("rebalance"):
+            moves = plan_rebalance(await self.node.metadata.view())
+            await self._apply(moves, "rebalance")
+            await self.node.metadata.finish_cluster_request(request_id, {"moves": len(moves)})
+
+    async def _apply(self, moves: list[Move], why: str) -> None:
+        if not moves:
+            return
+        try:
+            await self.node.metadata.lead_partitions(moves, coordinator_epoch=self.lease_epoch)
+        except StaleEpoch as exc:
+            # Lost the lease, or a partition moved meanwhile: the next tick starts afresh.
+            log.warning("%s moves refused: %s", why, exc)
+            if exc.reason == "stale_coordinator_epoch":
+                self.lease_epoch = None
+            return
+        log.info("moved %d %s partitions", len(moves), why)
+        await self.node.refresh_view()

@@ -1,0 +1,96 @@
+"""Forwarding coordinator actions (seed 000, "Coordinator action forwarded"): a request that
+only the cluster coordinator may carry out is sent, as it came, to the coordinator's Kafka
+listener, and its answer relayed. Forwarded requests are marked by their client id and are
+never forwarded again."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import struct
+
+import trio
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from mink.protocol.framing import FrameReader
+
+FORWARDED_CLIENT_ID = "mink-forwarded"
+_correlation_ids = itertools.count(1)
+
+
+class CoordinatorUnavailable(Exception):
+    """No live coordinator, or it could not be reached: the client should retry."""
+
+
+def is_forwarded(ctx) -> bool:
+    return ctx.header.client_id == FORWARDED_CLIENT_ID
+
+
+async def forward_unless_coordinator(node, ctx, request):
+    """The coordinator's answer to `request` when this node is not the coordinator; None
+    when this node is (or no coordinator can be reached: the handler then answers
+    NOT_CONTROLLER, and the client retries after refreshing its metadata)."""
+    if node.coordinator.is_holder or is_forwarded(ctx):
+        return None
+    ctx.applied()
+    try:
+        return await forward(node, ctx.header.api_key, ctx.header.api_version, request)
+    except CoordinatorUnavailable:
+        return None
+
+
+async def forward(node, api_key: int, api_version: int, body, timeout: float = 30.0):
+    """Send `body` to the coordinator node; returns its decoded response body."""
+    view = node.view
+    target = view.brokers.get(view.coordinator) if view.coordinator is not None else None
+    if target is None or target.node_id == node.node_id:
+        raise CoordinatorUnavailable("no live cluster coordinator")
+    schema = load_request_schema(api_key, api_version)
+    out = io.BytesIO()
+    correlation_id = next(_correlation_ids)
+    entity_writer(schema.__header_schema__)(out, schema.__header_schema__(
+        request_api_key=api_key, request_api_version=api_version,
+        correlation_id=correlation_id, client_id=FORWARDED_CLIENT_ID))
+    entity_writer(schema)(out, body)
+    payload = out.getvalue()
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(target.host, target.port)
+            try:
+                await stream.send_all(struct.pack(">i", len(payload)) + payload)
+                reader = FrameReader()
+                while (frame := reader.next_frame()) is None:
+                    data = await stream.receive_some(1 << 16)
+                    if not data:
+                        raise CoordinatorUnavailable("coordinator closed the connection")
+                    reader.feed(data)
+            finally:
+                await stream.aclose()
+    except (OSError, trio.TooSlowError) as exc:
+        raise CoordinatorUnavailable(f"coordinator {target.node_id} unreachable: {exc}") from None
+    response_schema = load_response_schema(api_key, api_version)
+    view_bytes = memoryview(frame).toreadonly()
+    header, used = entity_reader(response_schema.__header_schema__)(view_bytes, 0)
+    response, _ = entity_reader(response_schema)(view_bytes, used)
+    return response
+
+
+async def auto_create_via_coordinator(node, names: list[str]) -> None:
+    """Topic auto-creation on a node that is not the coordinator: a CreateTopics request
+    with the broker defaults, sent to the coordinator. Errors (the topic exists, no
+    coordinator) are left for the client's retry to find."""
+    import datetime
+
+    from mink.protocol.messages import build, nested
+
+    schema = load_request_schema(19, 5)
+    topic_schema = nested(schema, "CreatableTopic")
+    body = build(schema, topics=tuple(
+        build(topic_schema, name=name, num_partitions=-1, replication_factor=-1,
+              assignments=(), configs=()) for name in names),
+        timeout=datetime.timedelta(seconds=30), validate_only=False)
+    try:
+        await forward(node, 19, 5, body)
+    except CoordinatorUnavailable:
+        pass
