@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 import mink
-from mink.broker import topics_cli
+from mink.broker import cluster_cli, topics_cli
 from mink.broker.config import Config, ConfigError, load_config
 
 log = logging.getLogger("mink")
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     _node_flags(serve)
 
     topics_cli.add_parser(commands)
+    cluster_cli.add_parser(commands)
 
     args = parser.parse_args(argv)
     try:
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve(load_config(args.config, overrides=_overrides(args)))
         if args.command == "topics":
             return topics_cli.run(args)
+        if args.command == "cluster":
+            return cluster_cli.run(args)
     except ConfigError as exc:
         print(f"mink: {exc}", file=sys.stderr)
         return 2

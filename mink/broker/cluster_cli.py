@@ -1,0 +1,101 @@
+"""`mink cluster status` and `mink cluster rebalance`: read and steer the cluster through the
+PostgreSQL all nodes share (any node's settings work: --postgres-url, MINK_POSTGRES_URL, or
+the node's config file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+import trio
+import trio_asyncio
+
+from mink.broker.config import load_config
+from mink.storage.metadata import MetadataStore, MetadataUnavailable
+
+
+def add_parser(commands) -> None:
+    cluster = commands.add_parser("cluster", help="cluster status and rebalancing")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True)
+    for name, help_text in (("status", "nodes, epochs, liveness, partitions led, coordinator"),
+                            ("rebalance", "move partitions to even out the nodes' loads")):
+        action = actions.add_parser(name, help=help_text)
+        action.add_argument("--postgres-url", metavar="URL")
+        action.add_argument("--config", metavar="FILE")
+        action.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "rebalance":
+            action.add_argument("--timeout", type=float, default=60.0,
+                                help="seconds to wait for the coordinator to carry it out")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, overrides={"postgres_url": args.postgres_url})
+    if not config.postgres_url:
+        print("mink cluster: --postgres-url (or MINK_POSTGRES_URL) is required", file=sys.stderr)
+        return 2
+    try:
+        return trio.run(_run, args, config.postgres_url)
+    except MetadataUnavailable as exc:
+        print(f"mink cluster: PostgreSQL unavailable: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _run(args: argparse.Namespace, url: str) -> int:
+    async with trio_asyncio.open_loop():
+        store = await MetadataStore.open(url, migrate=False)
+        try:
+            if args.cluster_command == "status":
+                return _print_status(await _status(store), args.json)
+            return await _rebalance(store, args)
+        finally:
+            await store.aclose()
+
+
+async def _status(store: MetadataStore) -> dict:
+    view = await store.view()
+    nodes = await store.nodes()
+    led = Counter(p.leader_node for t in view.topics for p in t.partitions)
+    live = {n.node_id for n in view.nodes}
+    return {
+        "cluster_id": view.cluster_id,
+        "coordinator": view.coordinator,
+        "nodes": [{"node_id": n.node_id, "epoch": n.epoch, "address": f"{n.host}:{n.port}",
+                   "live": n.node_id in live, "partitions_led": led.get(n.node_id, 0)}
+                  for n in nodes],
+        "topics": len(view.topics),
+        "partitions": sum(len(t.partitions) for t in view.topics),
+        "orphaned_partitions": sum(1 for t in view.topics for p in t.partitions
+                                   if p.leader_node not in live),
+    }
+
+
+def _print_status(status: dict, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(status))
+        return 0
+    print(f"cluster {status['cluster_id']}: {status['topics']} topics, "
+          f"{status['partitions']} partitions, {status['orphaned_partitions']} without a live "
+          f"leader; coordinator: node {status['coordinator']}")
+    print(f"{'node':>6} {'epoch':>6} {'live':>5} {'led':>6}  address")
+    for n in status["nodes"]:
+        print(f"{n['node_id']:>6} {n['epoch']:>6} {'yes' if n['live'] else 'no':>5} "
+              f"{n['partitions_led']:>6}  {n['address']}")
+    return 0
+
+
+async def _rebalance(store: MetadataStore, args: argparse.Namespace) -> int:
+    request_id = await store.request_cluster_action("rebalance")
+    with trio.move_on_after(args.timeout):
+        while (result := await store.cluster_request_result(request_id)) is None:
+            await trio.sleep(0.2)
+    if result is None:
+        print(f"mink cluster: no coordinator carried out the rebalance within {args.timeout}s "
+              "(is any node running?)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"rebalance done: {result['moves']} partitions moved")
+    return 0
