@@ -371,3 +371,25 @@ async def test_postgres_outage_then_recovery_without_restart(pg_server, metadata
     assert values[0] == b"before" and values[-1] == b"after"
     assert offset == len(values) - 1
     assert set(values) <= {b"before", b"during", b"after"}
+
+
+async def test_reads_across_index_and_tail_cache_have_no_gap(metadata, nursery):
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    # A tail cache too small for everything: older offsets come through the index.
+    streams = await Node(metadata, objects, 1, tail_cache_bytes=4096).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    expected = []
+    for i in range(60):
+        value = b"%03d" % i * 100
+        await append(log, [value]).wait(timeout=10)
+        expected.append((i, value))
+    assert log.tail[0].base_offset > 0, "the tail cache should have dropped old chunks"
+    for max_bytes in (100, 5000, 10**6):
+        out, offset = [], 0
+        while offset < log.high_watermark:
+            got = [(o, v) for o, v in values_of(await log.read(offset, max_bytes)) if o >= offset]
+            assert got and got[0][0] == offset, f"gap at {offset}"
+            out += got
+            offset = out[-1][0] + 1
+        assert out == expected

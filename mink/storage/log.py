@@ -284,7 +284,10 @@ class PartitionLog:
         for chunk in list(self.tail):
             if chunk.last_offset < offset:
                 continue
+            if chunk.base_offset > offset:
+                break  # a gap between what the index gave and the tail: the next read fills it
             size = _take(out, chunk, offset, size, max_bytes)
+            offset = chunk.last_offset + 1
             if size >= max_bytes:
                 break
         return out
