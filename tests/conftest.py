@@ -5,6 +5,7 @@ pytest_plugins = [
     "tests.support.postgres",
     "tests.support.s3",
     "tests.support.nodes",
+    "tests.support.cluster",
 ]
 
 

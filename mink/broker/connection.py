@@ -84,8 +84,8 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_responses, receive_slot, nursery.cancel_scope)
                 await self._read_requests(nursery, send_slot)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away
         finally:
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()

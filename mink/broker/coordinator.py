@@ -67,15 +67,26 @@ def plan_rebalance(view: md.View) -> list[Move]:
             led[p.leader_node].append((topic.topic_id, p.partition, p.leader_epoch))
     moves = plan_orphan_moves(view, loads)
     mean = sum(loads.values()) / len(live)
-    while True:
-        source = max(live, key=lambda n: (loads[n], -n))
-        target = min(live, key=lambda n: (loads[n], n))
-        if not (loads[source] > 1.1 * mean and loads[target] < 0.9 * mean) or not led[source]:
-            break
+    high, low = 1.1 * mean, 0.9 * mean
+
+    def move(source: int, target: int) -> None:
         topic_id, partition, epoch = led[source].pop()
         loads[source] -= 1
         loads[target] += 1
         moves.append((topic_id, partition, target, epoch))
+
+    # Nodes above 110% of the mean give to the least loaded, and nodes below 90% take from
+    # the most loaded, as long as no move pushes the other side out of the band.
+    while True:
+        source = max(live, key=lambda n: (loads[n], -n))
+        target = min(live, key=lambda n: (loads[n], n))
+        if not led[source] or loads[source] - loads[target] < 2:
+            break
+        if (loads[source] > high and loads[target] + 1 <= high) or (
+                loads[target] < low and loads[source] - 1 >= low):
+            move(source, target)
+        else:
+            break
     return moves
 
 
@@ -96,6 +107,10 @@ class ClusterCoordinator:
                     await self.tick()
             except MetadataUnavailable as exc:
                 log.warning("coordinator tick skipped: %s", exc)
+            except md.MetadataError as exc:
+                # e.g. this node's epoch was fenced while it registers again: not a holder.
+                log.warning("coordinator tick refused: %s", exc)
+                self.lease_epoch = None
             await trio.sleep(self.node.config.coordinator_tick)
 
     async def hold_lease(self) -> None:
