@@ -258,3 +258,33 @@ def test_postgres_outages_short_and_long(cluster, pg_server):
     assert sorted(v for _, _, v in got) == sorted(acked), "nothing acknowledged is lost"
     assert all(p.poll() is None for p in (n.process for n in cluster.nodes.values())), \
         "no node restarted"
+
+
+def test_background_leases_are_shared(cluster):
+    from mink.broker.leases import preference
+
+    start_three(cluster)
+    create_topic(cluster.bootstrap, "leased", 6)
+    topic_id = cluster.query("SELECT topic_id FROM topics WHERE name = 'leased'")[0][0]
+    producer = Producer({"bootstrap.servers": cluster.bootstrap})
+    for i in range(120):
+        producer.produce("leased", value=b"x" * 100, partition=i % 6)
+    assert producer.flush(30) == 0
+
+    def shared():
+        rows = cluster.query("SELECT scope, holder, epoch FROM leases WHERE expires_at > now() "
+                             "AND scope LIKE %s", f"%{topic_id}%")
+        partition_holders = collections.Counter(h for s, h, _ in rows
+                                                if s.startswith("partition/"))
+        writers = [(h, e) for s, h, e in rows if s.startswith("writer/")]
+        if partition_holders == {1: 2, 2: 2, 3: 2} and len(writers) == 1:
+            return writers[0]
+        return None
+
+    writer, epoch = cluster.wait_for(shared, timeout=30, what="leases shared 2/2/2")
+    scope = f"writer/{topic_id}"
+    assert writer == max((1, 2, 3), key=lambda n: preference(n, scope))
+    stats = cluster.wait_for(lambda: cluster.query(
+        "SELECT records, computed_by, lease_epoch FROM topic_stats WHERE topic_id = %s "
+        "AND records = 120", topic_id), timeout=30, what="topic statistics")
+    assert stats[0][1:] == (writer, epoch)

@@ -57,6 +57,7 @@ async def _status(store: MetadataStore) -> dict:
     view = await store.view()
     nodes = await store.nodes()
     led = Counter(p.leader_node for t in view.topics for p in t.partitions)
+    stats = await store.topic_stats()
     live = {n.node_id for n in view.nodes}
     return {
         "cluster_id": view.cluster_id,
@@ -65,6 +66,10 @@ async def _status(store: MetadataStore) -> dict:
                    "live": n.node_id in live, "partitions_led": led.get(n.node_id, 0)}
                   for n in nodes],
         "topics": len(view.topics),
+        "topic_stats": [{"topic": t.name, "partitions": len(t.partitions),
+                         "records": stats.get(t.topic_id, (0, None, None))[1],
+                         "bytes": stats.get(t.topic_id, (0, None, None))[2]}
+                        for t in view.topics],
         "partitions": sum(len(t.partitions) for t in view.topics),
         "orphaned_partitions": sum(1 for t in view.topics for p in t.partitions
                                    if p.leader_node not in live),
@@ -82,6 +87,11 @@ def _print_status(status: dict, as_json: bool) -> int:
     for n in status["nodes"]:
         print(f"{n['node_id']:>6} {n['epoch']:>6} {'yes' if n['live'] else 'no':>5} "
               f"{n['partitions_led']:>6}  {n['address']}")
+    print(f"\n{'topic':<40} {'partitions':>10} {'records':>12} {'bytes':>14}")
+    for t in status["topic_stats"]:
+        records = "?" if t["records"] is None else t["records"]
+        size = "?" if t["bytes"] is None else t["bytes"]
+        print(f"{t['topic']:<40} {t['partitions']:>10} {records:>12} {size:>14}")
     return 0
 
 

@@ -27,6 +27,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Cluster timing (seconds).
     lease_ttl: float = 30.0
     coordinator_tick: float = 5.0
+    # Seed 001: the most partition leases (per-partition background work) one node holds.
+    max_partitions: int = 10_000
 
     # WAL: a buffer is flushed at wal_max_bytes, or wal_max_delay_ms after its first batch.
     # On file:// a flush starts as soon as no other flush is running; on S3 the delay bounds
@@ -43,6 +45,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_partitions: int = 1
     message_max_bytes: int = 1048588
     log_retention_ms: int = 7 * 24 * 3600 * 1000
+    # Group coordination: offsets.topic.num.partitions, group.initial.rebalance.delay.ms,
+    # group.min.session.timeout.ms, group.max.session.timeout.ms.
+    offsets_topic_num_partitions: int = 50
+    group_initial_rebalance_delay_ms: int = 3000
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
 
     log_level: str = "INFO"
 

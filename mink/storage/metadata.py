@@ -392,6 +392,24 @@ UPDATE cluster_requests SET done_at = now(), result = %s::jsonb
  WHERE id = %s AND done_at IS NULL RETURNING id"""
 SQL_CLUSTER_REQUEST_RESULT = """
 SELECT result FROM cluster_requests WHERE id = %s"""
+SQL_WRITE_TOPIC_STATS = """
+INSERT INTO topic_stats AS s (topic_id, partitions, records, bytes, computed_by, lease_epoch)
+SELECT p.topic_id, count(*), coalesce(sum(p.committed_end - p.log_start_offset), 0),
+       (SELECT coalesce(sum(b.byte_end - b.byte_start), 0) FROM batch_index AS b
+         WHERE b.topic_id = %(topic)s), %(node)s, %(epoch)s
+  FROM partitions AS p
+ WHERE p.topic_id = %(topic)s
+   AND EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.scope = %(scope)s AND l.holder = %(node)s AND l.epoch = %(epoch)s
+                  AND l.expires_at > now())
+ GROUP BY p.topic_id
+ON CONFLICT (topic_id) DO UPDATE
+    SET partitions = excluded.partitions, records = excluded.records, bytes = excluded.bytes,
+        computed_by = excluded.computed_by, lease_epoch = excluded.lease_epoch,
+        computed_at = now()
+RETURNING s.topic_id"""
+SQL_TOPIC_STATS = """
+SELECT topic_id, partitions, records, bytes FROM topic_stats"""
 SQL_PRODUCER_ID_ISSUED = """
 SELECT %s::bigint BETWEEN 0 AND next_producer_id - 1 FROM cluster"""
 SQL_PRODUCER_STATES = """
@@ -768,6 +786,19 @@ class MetadataStore:
     async def leases(self, prefix: str = "") -> list[LeaseInfo]:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         return [LeaseInfo(*r) for r in await self._all(READ, SQL_LEASES, (pattern,))]
+
+    async def write_topic_stats(self, topic_id: uuid.UUID, scope: str, node_id: int,
+                                lease_epoch: int) -> None:
+        """Compute and store a topic's statistics, fenced by its writer lease: StaleEpoch
+        ('lease_lost') unless `node_id` holds `scope` at `lease_epoch` right now."""
+        row = await self._one(WRITE, SQL_WRITE_TOPIC_STATS, {
+            "topic": topic_id, "scope": scope, "node": node_id, "epoch": lease_epoch})
+        if row is None:
+            raise StaleEpoch("lease_lost")
+
+    async def topic_stats(self) -> dict[uuid.UUID, tuple[int, int, int]]:
+        """topic id -> (partitions, records, bytes), as last computed by its writer."""
+        return {r[0]: (r[1], r[2], r[3]) for r in await self._all(READ, SQL_TOPIC_STATS)}
 
     # -- topics --------------------------------------------------------------------------------
 
