@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -288,3 +290,70 @@ def test_background_leases_are_shared(cluster):
         "SELECT records, computed_by, lease_epoch FROM topic_stats WHERE topic_id = %s "
         "AND records = 120", topic_id), timeout=30, what="topic statistics")
     assert stats[0][1:] == (writer, epoch)
+
+
+def _read_through(client: str, bootstrap: str, topic: str, partitions: int, stop, out: list):
+    """Read from the beginning until `stop` is set and nothing more arrives."""
+    if client == "confluent":
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader",
+                             "enable.auto.commit": False,
+                             "max.partition.fetch.bytes": 20000,
+                             "topic.metadata.refresh.interval.ms": 1000})
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        idle = 0
+        while not (stop.is_set() and idle > 10):
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                idle += 1
+                continue
+            idle = 0
+            out.append((msg.partition(), msg.offset(), msg.value()))
+        consumer.close()
+    else:
+        from kafka import KafkaConsumer
+        from kafka import TopicPartition as KTopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                 enable_auto_commit=False, max_partition_fetch_bytes=20000,
+                                 metadata_max_age_ms=1000, request_timeout_ms=10000)
+        consumer.assign([KTopicPartition(topic, p) for p in range(partitions)])
+        consumer.seek_to_beginning()
+        idle = 0
+        while not (stop.is_set() and idle > 10):
+            batch = consumer.poll(timeout_ms=200)
+            if not batch:
+                idle += 1
+            for records in batch.values():
+                idle = 0
+                out += [(r.partition, r.offset, r.value) for r in records]
+        consumer.close()
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_consumers_read_through_a_failover_without_skipping_or_rereading(cluster, client):
+    start_three(cluster)
+    create_topic(cluster.bootstrap, "through", 3)
+    stop = threading.Event()
+    out: list = []
+    reader = threading.Thread(target=_read_through,
+                              args=(client, cluster.bootstrap, "through", 3, stop, out))
+    with Load(cluster.bootstrap, "through") as load:
+        cluster.wait_for(lambda: len(load.acked) > 1500, what="messages before the failover")
+        reader.start()
+        cluster.wait_for(lambda: len(out) > 300, what="the reader under way")
+        victim = cluster.leaders("through")[0][0]
+        cluster.nodes[victim].kill()
+        cluster.wait_for(lambda: cluster.leaders("through")[0][0] != victim,
+                         timeout=LEASE_TTL + 20, what="partition 0 re-led")
+        acked = len(load.acked)
+        cluster.wait_for(lambda: len(load.acked) > acked + 1500, what="produce resumed")
+    cluster.wait_for(lambda: len(out) >= len(load.acked), timeout=60,
+                     what="the reader catching up")
+    stop.set()
+    reader.join(60)
+    seen = collections.Counter((p, o) for p, o, _ in out)
+    assert all(c == 1 for c in seen.values()), "a message was read twice"
+    for partition in range(3):
+        offsets = sorted(o for p, o in seen if p == partition)
+        assert offsets == list(range(len(offsets))), f"partition {partition} skipped offsets"
+    assert {v for _, _, v in out} >= set(load.acked)
