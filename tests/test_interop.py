@@ -340,3 +340,31 @@ async def test_s3_smoke_kafka_python(s3_node):
         return out
 
     check_per_partition_order(await trio.to_thread.run_sync(run), 1000)
+
+
+async def test_invalid_timestamp_and_streams_style_configs(node3):
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    def run():
+        admin = AdminClient({"bootstrap.servers": node3})
+        strict = NewTopic("strict-times", 1, 1, config={
+            "message.timestamp.before.max.ms": "60000",
+            # What Kafka Streams sets on its internal topics: accepted, not acted on.
+            "segment.bytes": "52428800", "min.insync.replicas": "1"})
+        admin.create_topics([strict])["strict-times"].result(20)
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": node3})
+        errors = []
+        producer.produce("strict-times", value=b"old", timestamp=1_000_000_000_000,
+                         on_delivery=lambda err, msg: errors.append(err))
+        producer.flush(20)  # its own batch: a batch is refused whole
+        producer.produce("strict-times", value=b"now",
+                         on_delivery=lambda err, msg: errors.append(err))
+        producer.flush(20)
+        return errors
+
+    errors = await trio.to_thread.run_sync(run)
+    assert errors[0] is not None and errors[0].code() == KafkaError.INVALID_TIMESTAMP
+    assert errors[1] is None

@@ -63,7 +63,27 @@ TOPIC_SETTINGS: dict[str, Setting] = {
                                       "log.message.timestamp.type"),
     "max.message.bytes": Setting("1048588", _long(0), "the largest record batch accepted",
                                  "INT", "message.max.bytes"),
+    "message.timestamp.before.max.ms": Setting(
+        str(2**63 - 1), _long(0), "how far in the past a CreateTime timestamp may be",
+        "LONG", "log.message.timestamp.before.max.ms"),
+    "message.timestamp.after.max.ms": Setting(
+        str(2**63 - 1), _long(0), "how far in the future a CreateTime timestamp may be",
+        "LONG", "log.message.timestamp.after.max.ms"),
 }
+
+# Kafka topic settings that have no meaning for Mink (segments, replicas, local disks):
+# accepted and stored, so that Kafka Streams, Connect and tools that set them still create
+# their topics, but not acted on.
+ACCEPTED_KAFKA_SETTINGS = frozenset({
+    "compression.type", "delete.retention.ms", "file.delete.delay.ms", "flush.messages",
+    "flush.ms", "follower.replication.throttled.replicas", "index.interval.bytes",
+    "leader.replication.throttled.replicas", "local.retention.bytes", "local.retention.ms",
+    "max.compaction.lag.ms", "message.downconversion.enable", "message.format.version",
+    "message.timestamp.difference.max.ms", "min.cleanable.dirty.ratio",
+    "min.compaction.lag.ms", "min.insync.replicas", "preallocate", "remote.storage.enable",
+    "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
+    "unclean.leader.election.enable",
+})
 
 
 def validate_topic_config(configs: dict[str, str | None]) -> dict[str, str]:
@@ -71,11 +91,12 @@ def validate_topic_config(configs: dict[str, str | None]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in configs.items():
         setting = TOPIC_SETTINGS.get(key)
-        if setting is None:
+        if setting is None and key not in ACCEPTED_KAFKA_SETTINGS:
             raise InvalidConfig(f"unknown topic config {key!r}")
         if value is None:
             raise InvalidConfig(f"topic config {key!r} has no value")
-        setting.parse(value)
+        if setting is not None:
+            setting.parse(value)
         out[key] = str(value)
     return out
 

@@ -15,6 +15,7 @@ from mink.broker.handlers.api_versions import NO_THROTTLE
 from mink.broker.topic_config import topic_setting
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.records import BatchError, parse_produce_records, set_log_append_time
+from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage.log import DuplicateBatch, LogError
 from mink.storage.producer_state import ProducerAppend
 
@@ -88,6 +89,9 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
     topic = node.view.topics.get(name)
     if topic is None or not 0 <= data.index < len(topic.partitions):
         return _refused(data.index, ErrorCode.unknown_topic_or_partition)
+    if name in INTERNAL_TOPICS:
+        return _refused(data.index, ErrorCode.invalid_topic_exception,
+                        f"{name} is internal: clients cannot produce to it")
     partition_log = node.leader_log(topic, data.index)
     if partition_log is None:
         result = _refused(data.index, ErrorCode.not_leader_or_follower)
@@ -105,7 +109,10 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
     records = bytearray(batch)
     result = _PartitionResult(data.index)
     max_timestamp = header.max_timestamp
-    if topic_setting(topic.config, "message.timestamp.type") == "LogAppendTime":
+    log_append_time = topic_setting(topic.config, "message.timestamp.type") == "LogAppendTime"
+    if not log_append_time and (error := _timestamp_error(topic.config, header)):
+        return _refused(data.index, ErrorCode.invalid_timestamp, error)
+    if log_append_time:
         now_ms = int(time.time() * 1000)
         set_log_append_time(records, 0, now_ms)
         max_timestamp = now_ms
@@ -126,6 +133,21 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
         return _refused(data.index, error_for(exc), str(exc))
     result.log_start_offset = partition_log.log_start_offset
     return result
+
+
+def _timestamp_error(config: dict, header) -> str | None:
+    """Kafka's message.timestamp.before/after.max.ms for CreateTime topics, checked on the
+    batch's first and largest timestamps."""
+    before = topic_setting(config, "message.timestamp.before.max.ms")
+    after = topic_setting(config, "message.timestamp.after.max.ms")
+    if before >= 2**63 - 1 and after >= 2**63 - 1:
+        return None
+    now_ms = int(time.time() * 1000)
+    for timestamp in (header.base_timestamp, header.max_timestamp):
+        if timestamp < now_ms - before or timestamp > now_ms + after:
+            return (f"timestamp {timestamp} is outside [{now_ms - before}, {now_ms + after}] "
+                    "(message.timestamp.before.max.ms / after.max.ms)")
+    return None
 
 
 def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
