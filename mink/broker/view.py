@@ -44,6 +44,9 @@ class ClusterView:
     brokers: dict[int, BrokerInfo]
     topics: dict[str, TopicInfo]
     coordinator: int | None = None
+    # Responses computed from this snapshot (encoded Metadata answers): they live and die
+    # with it, so they are never stale.
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def controller_id(self) -> int:

@@ -82,19 +82,41 @@ def decode_request(frame: bytes) -> Request:
 _writers: dict[type, tuple[Any, Any, Any]] = {}
 
 
-def encode_response(correlation_id: int, body: Any) -> bytes:
-    """The whole response frame, size prefix included."""
-    body_type = type(body)
+@dataclass(frozen=True, slots=True)
+class EncodedBody:
+    """A response body encoded once and sent many times (e.g. a cached Metadata answer)."""
+
+    schema: type
+    payload: bytes
+
+
+def _writers_for(body_type: type) -> tuple[Any, Any, Any]:
     entry = _writers.get(body_type)
     if entry is None:
         header_schema = body_type.__header_schema__
         entry = (header_schema, entity_writer(header_schema), entity_writer(body_type))
         _writers[body_type] = entry
-    header_schema, write_header, write_body = entry
+    return entry
+
+
+def encode_body(body: Any) -> EncodedBody:
+    buffer = io.BytesIO()
+    _writers_for(type(body))[2](buffer, body)
+    return EncodedBody(type(body), buffer.getvalue())
+
+
+def encode_response(correlation_id: int, body: Any) -> bytes:
+    """The whole response frame, size prefix included."""
+    encoded = body if isinstance(body, EncodedBody) else None
+    header_schema, write_header, write_body = _writers_for(
+        encoded.schema if encoded else type(body))
     buffer = io.BytesIO()
     buffer.write(b"\0\0\0\0")
     write_header(buffer, header_schema(correlation_id=correlation_id))
-    write_body(buffer, body)
+    if encoded is not None:
+        buffer.write(encoded.payload)
+    else:
+        write_body(buffer, body)
     out = buffer.getbuffer()
     out[0:4] = size_prefix(len(out) - 4)
     del out
