@@ -66,7 +66,7 @@ class Streams:
         opened.producers.load([decode_entry(s.producer_id, s.state)
                                for s in await self.metadata.producer_states(topic_id, partition)])
         self.logs[(topic_id, partition)] = opened
-        log.info("opened %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
+        log.debug("opened %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
                  leader_epoch, state.log_start_offset, state.committed_end)
         return opened
 
