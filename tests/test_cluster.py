@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import LEASE_TTL, TICK
@@ -357,3 +357,21 @@ def test_consumers_read_through_a_failover_without_skipping_or_rereading(cluster
         offsets = sorted(o for p, o in seen if p == partition)
         assert offsets == list(range(len(offsets))), f"partition {partition} skipped offsets"
     assert {v for _, _, v in out} >= set(load.acked)
+
+
+def test_coordinator_actions_are_forwarded_from_any_node(cluster):
+    start_three(cluster)
+    coordinator = cluster.coordinator()
+    other = next(n for n in (1, 2, 3) if n != coordinator)
+    address = cluster.nodes[other].address
+    # CreateTopics sent straight to a node that is not the coordinator.
+    result = subprocess.run([sys.executable, "-m", "mink.broker.cli", "topics", "create",
+                             "forwarded", "--partitions", "4", "--bootstrap-server", address],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert len(cluster.leaders("forwarded")) == 4
+    # Auto-creation by a Produce that reaches a node that is not the coordinator.
+    producer = Producer({"bootstrap.servers": address})
+    producer.produce("auto-forwarded", value=b"x")
+    assert producer.flush(30) == 0
+    assert len(cluster.leaders("auto-forwarded")) == 1

@@ -1,7 +1,6 @@
 """Framing and request/response codecs, with plain bytes (no I/O)."""
 
 import datetime
-import io
 import struct
 
 import pytest
@@ -9,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_writer
 
 from mink.broker.handlers.api_versions import unsupported_version_response
+from mink.protocol import messages
 from mink.protocol.apis import ADVERTISED, ApiKey
 from mink.protocol.framing import FrameError, FrameReader, frame
 from mink.protocol.messages import (
@@ -25,13 +24,8 @@ from mink.protocol.messages import (
 
 
 def encode_request(api_key: int, version: int, correlation_id: int, body) -> bytes:
-    schema = load_request_schema(api_key, version)
-    out = io.BytesIO()
-    entity_writer(schema.__header_schema__)(out, schema.__header_schema__(
-        request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
-        client_id="test"))
-    entity_writer(schema)(out, body)
-    return out.getvalue()
+    """A request without its size prefix, as decode_request takes it."""
+    return messages.encode_request(api_key, version, correlation_id, body, "test")[4:]
 
 
 @given(st.lists(st.binary(max_size=300), max_size=20), st.integers(1, 50))

@@ -9,7 +9,7 @@ import struct
 
 import cramjam
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mink.protocol import compression as codecs

@@ -1,26 +1,21 @@
 """A live node answers or closes connections with bad input, and keeps serving others."""
 
-import io
 import random
 import struct
 
 import trio
 from kio.index import load_request_schema
-from kio.serial import entity_writer
 
 from mink.protocol.apis import ApiKey
 from mink.protocol.framing import FrameReader
+from mink.protocol.messages import encode_request
 
 
 def api_versions_request(correlation_id: int, version: int = 3) -> bytes:
     schema = load_request_schema(ApiKey.API_VERSIONS, min(version, 3))
-    out = io.BytesIO()
-    entity_writer(schema.__header_schema__)(out, schema.__header_schema__(
-        request_api_key=ApiKey.API_VERSIONS, request_api_version=version,
-        correlation_id=correlation_id, client_id="robustness"))
-    entity_writer(schema)(out, schema(client_software_name="t", client_software_version="1"))
-    payload = out.getvalue()
-    return struct.pack(">i", len(payload)) + payload
+    body = schema(client_software_name="t", client_software_version="1")
+    # The header names `version` even when it is one we do not know: the body is v3's.
+    return encode_request(ApiKey.API_VERSIONS, version, correlation_id, body, "robustness")
 
 
 class Client:

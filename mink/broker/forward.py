@@ -5,15 +5,20 @@ never forwarded again."""
 
 from __future__ import annotations
 
-import io
+import datetime
 import itertools
-import struct
 
 import trio
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.index import load_request_schema
 
 from mink.protocol.framing import FrameReader
+from mink.protocol.messages import (
+    MalformedResponse,
+    build,
+    decode_response,
+    encode_request,
+    nested,
+)
 
 FORWARDED_CLIENT_ID = "mink-forwarded"
 _correlation_ids = itertools.count(1)
@@ -46,19 +51,13 @@ async def forward(node, api_key: int, api_version: int, body, timeout: float = 3
     target = view.brokers.get(view.coordinator) if view.coordinator is not None else None
     if target is None or target.node_id == node.node_id:
         raise CoordinatorUnavailable("no live cluster coordinator")
-    schema = load_request_schema(api_key, api_version)
-    out = io.BytesIO()
     correlation_id = next(_correlation_ids)
-    entity_writer(schema.__header_schema__)(out, schema.__header_schema__(
-        request_api_key=api_key, request_api_version=api_version,
-        correlation_id=correlation_id, client_id=FORWARDED_CLIENT_ID))
-    entity_writer(schema)(out, body)
-    payload = out.getvalue()
+    request = encode_request(api_key, api_version, correlation_id, body, FORWARDED_CLIENT_ID)
     try:
         with trio.fail_after(timeout):
             stream = await trio.open_tcp_stream(target.host, target.port)
             try:
-                await stream.send_all(struct.pack(">i", len(payload)) + payload)
+                await stream.send_all(request)
                 reader = FrameReader()
                 while (frame := reader.next_frame()) is None:
                     data = await stream.receive_some(1 << 16)
@@ -69,21 +68,16 @@ async def forward(node, api_key: int, api_version: int, body, timeout: float = 3
                 await stream.aclose()
     except (OSError, trio.TooSlowError) as exc:
         raise CoordinatorUnavailable(f"coordinator {target.node_id} unreachable: {exc}") from None
-    response_schema = load_response_schema(api_key, api_version)
-    view_bytes = memoryview(frame).toreadonly()
-    header, used = entity_reader(response_schema.__header_schema__)(view_bytes, 0)
-    response, _ = entity_reader(response_schema)(view_bytes, used)
+    try:
+        _, response = decode_response(api_key, api_version, frame)
+    except MalformedResponse as exc:
+        raise CoordinatorUnavailable(str(exc)) from None
     return response
-
 
 async def auto_create_via_coordinator(node, names: list[str]) -> None:
     """Topic auto-creation on a node that is not the coordinator: a CreateTopics request
     with the broker defaults, sent to the coordinator. Errors (the topic exists, no
     coordinator) are left for the client's retry to find."""
-    import datetime
-
-    from mink.protocol.messages import build, nested
-
     schema = load_request_schema(19, 5)
     topic_schema = nested(schema, "CreatableTopic")
     body = build(schema, topics=tuple(

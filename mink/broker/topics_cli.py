@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import io
 import socket
 import struct
 import sys
@@ -18,11 +17,16 @@ from typing import Any
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
 
 from mink.broker.config import ConfigError, split_host_port
 from mink.protocol.apis import ApiKey
-from mink.protocol.messages import build, nested
+from mink.protocol.messages import (
+    MalformedResponse,
+    build,
+    decode_response,
+    encode_request,
+    nested,
+)
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 CLIENT_ID = "mink-topics"
@@ -91,30 +95,20 @@ class KafkaConnection:
 
     def _call(self, api_key: int, version: int, body: Any) -> Any:
         self.correlation_id += 1
-        schema = type(body)
-        header_schema = schema.__header_schema__
-        out = io.BytesIO()
-        entity_writer(header_schema)(out, build(
-            header_schema, request_api_key=api_key, request_api_version=version,
-            correlation_id=self.correlation_id, client_id=CLIENT_ID))
-        entity_writer(schema)(out, body)
-        payload = out.getvalue()
+        request = encode_request(api_key, version, self.correlation_id, body, CLIENT_ID)
         try:
-            self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+            self.sock.sendall(request)
             (size,) = struct.unpack(">i", self._receive(4))
             frame = self._receive(size)
         except TimeoutError:
             raise CliError(f"{self.address} did not answer within {self.timeout:g} s") from None
         except OSError as exc:
             raise CliError(f"lost the connection to {self.address}: {_reason(exc)}") from None
-        response_schema = load_response_schema(api_key, version)
-        view = memoryview(frame).toreadonly()
         try:
-            header, used = entity_reader(response_schema.__header_schema__)(view, 0)
-            response, _ = entity_reader(response_schema)(view, used)
-        except Exception as exc:  # kio raises assorted errors on bad input
+            correlation_id, response = decode_response(api_key, version, frame)
+        except MalformedResponse as exc:
             raise CliError(f"cannot decode the answer of {self.address}: {exc}") from None
-        if header.correlation_id != self.correlation_id:
+        if correlation_id != self.correlation_id:
             raise CliError(f"{self.address} answered out of turn")
         return response
 

@@ -149,3 +149,39 @@ def nested(schema: type, name: str) -> type:
     import sys
 
     return getattr(sys.modules[schema.__module__], name)
+
+
+# -- the client side: Mink's own tools (forwarding, the CLI) and the tests talk Kafka too --
+
+
+def encode_request(api_key: int, api_version: int, correlation_id: int, body: Any,
+                   client_id: str | None = "mink") -> bytes:
+    """A whole request frame, size prefix included."""
+    schema = type(body)
+    header_schema = schema.__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    entity_writer(header_schema)(buffer, header_schema(
+        request_api_key=api_key, request_api_version=api_version,
+        correlation_id=correlation_id, client_id=client_id))
+    entity_writer(schema)(buffer, body)
+    out = buffer.getbuffer()
+    out[0:4] = size_prefix(len(out) - 4)
+    del out
+    return buffer.getvalue()
+
+
+class MalformedResponse(Exception):
+    pass
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation id, body) of a response frame without its size prefix."""
+    schema = load_response_schema(api_key, api_version)
+    view = memoryview(frame).toreadonly()
+    try:
+        header, used = entity_reader(schema.__header_schema__)(view, 0)
+        body, _ = entity_reader(schema)(view, used)
+    except Exception as exc:  # kio raises assorted errors on bad input
+        raise MalformedResponse(f"cannot decode api {api_key} v{api_version}: {exc}") from None
+    return header.correlation_id, body

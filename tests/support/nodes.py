@@ -15,7 +15,6 @@ import pytest
 
 from mink.broker.config import Config
 from mink.broker.node import run_node
-from mink.storage.embedded_postgres import free_port
 
 
 def require_tool(name: str) -> str:

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import itertools
-import struct
 
 import trio
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.index import load_request_schema
 
 from mink.protocol.framing import FrameReader
-from mink.protocol.messages import build, nested
-
-
-def encode_request(api_key: int, version: int, correlation_id: int, body) -> bytes:
-    schema = load_request_schema(api_key, version)
-    out = io.BytesIO()
-    entity_writer(schema.__header_schema__)(out, schema.__header_schema__(
-        request_api_key=api_key, request_api_version=version, correlation_id=correlation_id,
-        client_id="raw-test"))
-    entity_writer(schema)(out, body)
-    payload = out.getvalue()
-    return struct.pack(">i", len(payload)) + payload
+from mink.protocol.messages import build, decode_response, encode_request, nested
 
 
 class RawClient:
@@ -38,7 +24,8 @@ class RawClient:
 
     async def send(self, api_key: int, version: int, body) -> int:
         correlation_id = next(self._ids)
-        await self.stream.send_all(encode_request(api_key, version, correlation_id, body))
+        await self.stream.send_all(encode_request(api_key, version, correlation_id, body,
+                                                  "raw-test"))
         return correlation_id
 
     async def receive(self, api_key: int, version: int):
@@ -47,11 +34,7 @@ class RawClient:
             if not data:
                 raise EOFError("connection closed by the node")
             self.reader.feed(data)
-        schema = load_response_schema(api_key, version)
-        view = memoryview(frame).toreadonly()
-        header, used = entity_reader(schema.__header_schema__)(view, 0)
-        body, _ = entity_reader(schema)(view, used)
-        return header.correlation_id, body
+        return decode_response(api_key, version, frame)
 
     async def call(self, api_key: int, version: int, body):
         sent = await self.send(api_key, version, body)
