@@ -11,6 +11,7 @@ rebalance parks a `Waiter` on its member; the coordinator resolves it.
 from __future__ import annotations
 
 import enum
+import math
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -121,9 +122,11 @@ class Member:
     join_waiter: Waiter[JoinResult] | None = None
     sync_waiter: Waiter[SyncResult] | None = None
     is_new: bool = False
-    # session expiry, on the trio clock; `timer_armed`: a deadline callback is scheduled
+    # session expiry, on the trio clock; the deadline callback scheduled for it (at
+    # `timer_at`, inf when none) is the one carrying `timer_token`
     expires_at: float = 0.0
-    timer_armed: bool = False
+    timer_at: float = math.inf
+    timer_token: int = 0
 
     @property
     def is_awaiting_join(self) -> bool:

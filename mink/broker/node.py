@@ -17,6 +17,8 @@ import trio_asyncio
 from mink.broker.config import Config
 from mink.broker.coordinator import ClusterCoordinator, NotCoordinator
 from mink.broker.forward import auto_create_via_coordinator
+from mink.broker.group_coordinator import GroupCoordinator
+from mink.broker.leases import BackgroundLeases
 from mink.broker.producer_ids import ProducerIdBlock
 from mink.broker.server import serve_kafka
 from mink.broker.topic_config import validate_topic_config
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 # A stream still open by another live node is left to it for this many syncs, then opened
 # anyway: the epoch fence keeps that safe (seed 000, "HeldBy").
 HELD_BY_GRACE_SYNCS = 2
+# Partitions opened at once by one sync (each open is a PostgreSQL round trip).
+OPEN_CONCURRENCY = 8
 
 
 class Node:
@@ -47,6 +51,8 @@ class Node:
         self.streams: Streams | None = None
         self.producer_ids = ProducerIdBlock(metadata)
         self.coordinator = ClusterCoordinator(self)
+        self.leases = BackgroundLeases(self, config.max_partitions)
+        self.groups = GroupCoordinator(self)  # the consumer group coordinator
         # False while this node may not act as a leader: before it registered, and after it
         # could not renew its membership in time (self-fencing).
         self.leading = False
@@ -58,8 +64,11 @@ class Node:
     # -- the view and the partitions this node leads --------------------------------------
 
     async def refresh_view(self) -> None:
-        self.view = view_from_snapshot(await self.metadata.view())
+        view = view_from_snapshot(await self.metadata.view())
+        if view != self.view:  # an unchanged snapshot keeps its memo of encoded answers
+            self.view = view
         await self.sync_partitions()
+        self.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
 
     async def sync_partitions(self) -> None:
         """Open the partitions the view says this node leads; close the others (seed 000,
@@ -69,6 +78,7 @@ class Node:
             return
         async with self._sync_lock:
             wanted: set[tuple[uuid.UUID, int]] = set()
+            to_open = []
             for topic in self.view.topics.values():
                 for p in topic.partitions:
                     if p.leader == self.node_id:
@@ -76,9 +86,23 @@ class Node:
                         partition_log = streams.get(topic.topic_id, p.index)
                         if partition_log is None or partition_log.closed is not None or (
                                 partition_log.leader_epoch < p.leader_epoch):
-                            await self._open(topic, p)
+                            to_open.append((topic, p))
             for key in [k for k in streams.logs if k not in wanted]:
                 streams.close(*key)
+            if to_open:
+                # Several opens at once: a new 10,000-partition topic is one round trip each.
+                limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
+                async with trio.open_nursery() as nursery:
+                    for topic, p in to_open:
+                        nursery.start_soon(self._open_within, limiter, topic, p)
+
+    async def _open_within(self, limiter: trio.CapacityLimiter, topic: TopicInfo,
+                           p: PartitionInfo) -> None:
+        async with limiter:
+            try:
+                await self._open(topic, p)
+            except MetadataUnavailable as exc:  # the next sync tries again
+                log.warning("opening %s-%d failed: %s", topic.name, p.index, exc)
 
     async def _open(self, topic: TopicInfo, p: PartitionInfo) -> PartitionLog | None:
         key = (topic.topic_id, p.index)
@@ -275,12 +299,15 @@ class Node:
             try:
                 async with self.metadata.listen() as wakeups:
                     while True:
-                        await self.refresh_view()
+                        try:
+                            await self.refresh_view()
+                        except MetadataUnavailable as exc:
+                            log.warning("view refresh failed: %s", exc)
                         with trio.move_on_after(poll):
                             await wakeups.wait()
-            except MetadataUnavailable as exc:
-                log.warning("view refresh failed: %s", exc)
-                await trio.sleep(poll)
+            except* MetadataUnavailable as group:
+                log.warning("change-log listener unavailable: %s", group.exceptions[0])
+            await trio.sleep(poll)
 
     async def register(self) -> None:
         host, port = self.advertised
@@ -343,6 +370,8 @@ async def _serve(node: Node, task_status) -> None:
             nursery.start_soon(node.membership_loop)
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)
+            nursery.start_soon(node.leases.run)
+            await nursery.start(node.groups.run)
             task_status.started(node.advertised)
             await trio.sleep(math.inf)
         finally:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 
 MAX_NAME_LENGTH = 249
+# Kafka's internal topic of consumer groups: its partitions' leaders coordinate the groups.
+OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 
