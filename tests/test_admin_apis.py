@@ -535,3 +535,31 @@ async def test_mink_topics_cli_unreachable():
     code, out, err = await mink_topics("list", "--bootstrap-server",
                                        f"127.0.0.1:{free_port()}", "--timeout", "5")
     assert code == 1 and "cannot reach" in err
+
+
+async def test_internal_topic_cannot_be_deleted_or_grown(node):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from mink.protocol.topics import OFFSETS_TOPIC
+
+    def run():
+        admin = AdminClient({"bootstrap.servers": node})
+        deadline = time.monotonic() + 30
+        while OFFSETS_TOPIC not in admin.list_topics(timeout=10).topics:
+            assert time.monotonic() < deadline, "the internal topic was not created"
+            time.sleep(0.1)
+        errors = []
+        for future in (admin.delete_topics([OFFSETS_TOPIC])[OFFSETS_TOPIC],
+                       admin.create_partitions([NewPartitions(OFFSETS_TOPIC, 60)])[OFFSETS_TOPIC]):
+            try:
+                future.result(20)
+                errors.append(None)
+            except Exception as exc:
+                errors.append(exc.args[0].code())
+        return errors, len(admin.list_topics(timeout=10).topics[OFFSETS_TOPIC].partitions)
+
+    from confluent_kafka import KafkaError
+
+    errors, partitions = await trio.to_thread.run_sync(run)
+    assert errors == [KafkaError.INVALID_REQUEST, KafkaError.INVALID_REQUEST]
+    assert partitions == 50

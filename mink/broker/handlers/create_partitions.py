@@ -8,15 +8,16 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.coordinator import NotCoordinator
+from mink.broker.forward import forward_unless_coordinator
 from mink.broker.handlers.api_versions import NO_THROTTLE
 from mink.broker.handlers.create_topics import (
     MAX_PARTITIONS_PER_REQUEST,
     Refused,
     assigned_leader,
 )
-from mink.broker.coordinator import NotCoordinator
-from mink.broker.forward import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
+from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage import metadata as md
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,10 @@ def plan_partitions(node, topic) -> tuple[int, list[int]]:
 
 async def create_partitions(node, name: str, total: int, leaders: list[int]) -> None:
     """Grow the topic and wait until this node's view has the new partitions."""
+    if name in INTERNAL_TOPICS:
+        # Groups map to its partitions by hash: more partitions would move every group.
+        raise Refused(ErrorCode.invalid_request,
+                      "the partitions of internal topics cannot be changed")
     try:
         await node.create_partitions(name, total, leaders)
     except NotCoordinator as exc:

@@ -10,11 +10,12 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.handlers.api_versions import NO_THROTTLE
-from mink.broker.handlers.create_topics import Refused
 from mink.broker.coordinator import NotCoordinator
 from mink.broker.forward import forward_unless_coordinator
+from mink.broker.handlers.api_versions import NO_THROTTLE
+from mink.broker.handlers.create_topics import Refused
 from mink.protocol.messages import build, nested, response_schema
+from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage import metadata as md
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ async def handle(node, ctx, request):
 
 async def delete_topic(node, name: str | None, topic_id: uuid.UUID | None):
     """Delete by name or by id; returns (name, topic id) of the deleted topic, or Refused."""
+    known = node.view.topic_by_id(topic_id) if topic_id is not None else None
+    if (known.name if known is not None else name) in INTERNAL_TOPICS:
+        raise Refused(ErrorCode.invalid_request,
+                      "internal topics cannot be deleted: consumer groups live there")
     try:
         if topic_id is not None:
             known = node.view.topic_by_id(topic_id)
