@@ -375,3 +375,47 @@ def test_coordinator_actions_are_forwarded_from_any_node(cluster):
     producer.produce("auto-forwarded", value=b"x")
     assert producer.flush(30) == 0
     assert len(cluster.leaders("auto-forwarded")) == 1
+
+
+def test_group_consumers_carry_on_through_a_failover(cluster):
+    start_three(cluster)
+    create_topic(cluster.bootstrap, "grouped", 6)
+    consumed: list[bytes] = []
+    stop = threading.Event()
+
+    def consume():
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "carry-on",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                             "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                             "topic.metadata.refresh.interval.ms": 1000})
+        consumer.subscribe(["grouped"])
+        while not stop.is_set():
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            consumed.append(msg.value())
+            try:
+                consumer.commit(msg, asynchronous=True)
+            except Exception:
+                pass  # a commit refused during a coordinator move: the next one lands
+        consumer.close()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    with Load(cluster.bootstrap, "grouped") as load:
+        cluster.wait_for(lambda: len(consumed) > 1000, what="the group consuming")
+        # Kill the node that coordinates the group: the group moves with its partition.
+        from mink.broker.group_coordinator import partition_for
+
+        victim = cluster.leaders("__consumer_offsets")[partition_for("carry-on", 50)][0]
+        cluster.nodes[victim].kill()
+        cluster.wait_for(lambda: all(l != victim for l, _ in cluster.leaders("grouped").values()),
+                         timeout=LEASE_TTL + 20, what="partitions re-led")
+        cluster.wait_for(lambda: cluster.leaders("__consumer_offsets")[
+            partition_for("carry-on", 50)][0] != victim, timeout=20, what="group coordinator moved")
+        acked = len(load.acked)
+        cluster.wait_for(lambda: len(load.acked) > acked + 1000, what="produce resumed")
+    cluster.wait_for(lambda: set(load.acked) <= set(consumed), timeout=60,
+                     what="the group consuming every acknowledged message")
+    stop.set()
+    reader.join(30)
