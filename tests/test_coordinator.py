@@ -48,3 +48,40 @@ def test_rebalance_ends_inside_the_band_and_moves_orphans_first():
 
 def test_a_balanced_cluster_moves_nothing():
     assert plan_rebalance(make_view([1, 2, 3, 4] * 3, live=[1, 2, 3, 4])) == []
+
+
+async def test_garbage_collection_deletes_objects_of_deleted_topics(pg_url, aio_loop, nursery):
+    from types import SimpleNamespace
+
+    from mink.broker.coordinator import ClusterCoordinator
+    from mink.storage.metadata import MetadataStore
+    from mink.storage.objectstore import open_object_store
+    from tests.test_wal import Node, append, make_topic
+
+    metadata = await MetadataStore.open(pg_url)
+    try:
+        objects = open_object_store("memory://")
+        doomed = await make_topic(metadata, 1, name="doomed")
+        kept = await make_topic(metadata, 1, name="kept")
+        streams = await Node(metadata, objects, 1).start(nursery)
+        doomed_log = await streams.open(doomed.topic_id, 0, 0)
+        kept_log = await streams.open(kept.topic_id, 0, 0)
+        for i in range(5):
+            await append(doomed_log, [b"d%d" % i]).wait(timeout=10)
+        shared = [append(doomed_log, [b"both"]), append(kept_log, [b"both"])]
+        for pending in shared:
+            await pending.wait(timeout=10)
+        before = set(await objects.list("wal/"))
+        coordinator = ClusterCoordinator(SimpleNamespace(metadata=metadata, objects=objects))
+        assert await coordinator.collect_garbage() == 0, "everything is still referenced"
+        streams.close(doomed.topic_id, 0)
+        await metadata.delete_topic("doomed")
+        deleted = await coordinator.collect_garbage()
+        after = set(await objects.list("wal/"))
+        kept_keys = {r.object_key for r in await metadata.find_batches(kept.topic_id, 0, 0)}
+        assert deleted == len(before - after) > 0
+        assert kept_keys <= after, "an object another topic still uses was deleted"
+        assert await coordinator.collect_garbage() == 0
+        assert [v for v in (await kept_log.read(0, 10**6))]
+    finally:
+        await metadata.aclose()

@@ -17,6 +17,7 @@ import trio
 
 from mink.storage import metadata as md
 from mink.storage.metadata import MetadataUnavailable, StaleEpoch
+from mink.storage.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,16 @@ def plan_rebalance(view: md.View) -> list[Move]:
     return moves
 
 
+# The garbage collector (a lifecycle loop) runs every this many ticks.
+COLLECT_EVERY_TICKS = 10
+COLLECT_BATCH = 1000
+
+
 class ClusterCoordinator:
     def __init__(self, node) -> None:
         self.node = node
         self.lease_epoch: int | None = None
+        self._ticks = 0
 
     @property
     def is_holder(self) -> bool:
@@ -111,6 +118,8 @@ class ClusterCoordinator:
                 # e.g. this node's epoch was fenced while it registers again: not a holder.
                 log.warning("coordinator tick refused: %s", exc)
                 self.lease_epoch = None
+            except ObjectStoreError as exc:
+                log.warning("garbage collection stopped: %s", exc)
             await trio.sleep(self.node.config.coordinator_tick)
 
     async def hold_lease(self) -> None:
@@ -149,6 +158,30 @@ class ClusterCoordinator:
             moves = plan_rebalance(await self.node.metadata.view())
             await self._apply(moves, "rebalance")
             await self.node.metadata.finish_cluster_request(request_id, {"moves": len(moves)})
+        self._ticks += 1
+        if self._ticks % COLLECT_EVERY_TICKS == 1:
+            await self.collect_garbage()
+
+    async def collect_garbage(self) -> int:
+        """Delete WAL objects no index row uses any more (their topics were deleted) and the
+        uploads that were never committed (queued when their writer learnt it). Returns how
+        many objects were deleted."""
+        metadata, objects = self.node.metadata, self.node.objects
+        unreferenced = await metadata.unreferenced_objects(COLLECT_BATCH)
+        if unreferenced:
+            await metadata.queue_for_deletion(unreferenced, "no index row uses it")
+        deleted = 0
+        while queued := await metadata.pending_deletions(COLLECT_BATCH):
+            keys = [key for key, _ in queued]
+            for key in keys:
+                await objects.delete(key)  # idempotent: a repeat after a crash is harmless
+            await metadata.deletions_done(keys)
+            deleted += len(keys)
+            if len(keys) < COLLECT_BATCH:
+                break
+        if deleted:
+            log.info("garbage collection deleted %d objects", deleted)
+        return deleted
 
     async def _apply(self, moves: list[Move], why: str) -> None:
         if not moves:
