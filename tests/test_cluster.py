@@ -335,7 +335,7 @@ def test_consumers_read_through_a_failover_without_skipping_or_rereading(cluster
     create_topic(cluster.bootstrap, "through", 3)
     stop = threading.Event()
     out: list = []
-    reader = threading.Thread(target=_read_through,
+    reader = threading.Thread(target=_read_through, daemon=True,
                               args=(client, cluster.bootstrap, "through", 3, stop, out))
     with Load(cluster.bootstrap, "through") as load:
         cluster.wait_for(lambda: len(load.acked) > 1500, what="messages before the failover")
@@ -347,10 +347,24 @@ def test_consumers_read_through_a_failover_without_skipping_or_rereading(cluster
                          timeout=LEASE_TTL + 20, what="partition 0 re-led")
         acked = len(load.acked)
         cluster.wait_for(lambda: len(load.acked) > acked + 1500, what="produce resumed")
-    cluster.wait_for(lambda: len(out) >= len(load.acked), timeout=60,
-                     what="the reader catching up")
-    stop.set()
-    reader.join(60)
+    try:
+        cluster.wait_for(lambda: len(out) >= len(load.acked), timeout=60,
+                         what="the reader catching up")
+    except AssertionError:
+        progress = {}
+        for p in range(3):
+            offsets = sorted({o for q, o, _ in out if q == p})
+            holes = sorted(set(range(offsets[-1] + 1)) - set(offsets)) if offsets else []
+            progress[p] = (len(offsets), offsets[-1] if offsets else None, holes[:3], len(holes))
+        ends = cluster.query("SELECT p.partition, p.committed_end, p.leader_node, "
+                             "p.leader_epoch FROM partitions p JOIN topics t USING (topic_id) "
+                             "WHERE t.name = 'through' ORDER BY 1")
+        raise AssertionError(f"reader stuck: (count, last, holes) {progress}, partitions "
+                             f"{ends}, killed node {victim}, acked {len(load.acked)}, "
+                             f"read {len(out)}") from None
+    finally:
+        stop.set()
+        reader.join(60)
     seen = collections.Counter((p, o) for p, o, _ in out)
     assert all(c == 1 for c in seen.values()), "a message was read twice"
     for partition in range(3):

@@ -275,27 +275,24 @@ class PartitionLog:
         out: list[memoryview] = []
         size = 0
         tail_start = self.tail[0].base_offset if self.tail else self.committed_end
-        if offset < tail_start:
-            for chunk in await self.caches.read_cold(self, offset, max_bytes):
-                size = _take(out, chunk, offset, size, max_bytes)
-                offset = chunk.last_offset + 1
-                if size >= max_bytes:
-                    return out
-        for chunk in list(self.tail):
+        chunks = await self.caches.read_cold(self, offset, max_bytes) if (
+            offset < tail_start) else []
+        for chunk in [*chunks, *self.tail]:
             if chunk.last_offset < offset:
                 continue
             if chunk.base_offset > offset:
                 break  # a gap between what the index gave and the tail: the next read fills it
-            size = _take(out, chunk, offset, size, max_bytes)
-            offset = chunk.last_offset + 1
-            if size >= max_bytes:
-                break
+            size, offset = _take(out, chunk, offset, size, max_bytes)
+            if offset <= chunk.last_offset:
+                break  # the budget ran out inside this chunk: never skip what is left of it
         return out
 
 
-def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int, max_bytes: int) -> int:
+def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int,
+          max_bytes: int) -> tuple[int, int]:
     """Append the batches of `chunk` from the one holding `offset` while they fit in
-    `max_bytes`; the very first batch of a read goes out whole even if larger (KIP-74)."""
+    `max_bytes`; the very first batch of a read goes out whole even if larger (KIP-74).
+    Returns the new size and the offset after the last batch taken."""
     data = memoryview(chunk.data)
     position = 0
     start = end = -1
@@ -310,11 +307,12 @@ def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int, max_bytes
             if taken > 0 and taken + (batch_end - end) > max_bytes:
                 break
             end = batch_end
+            offset = base + last_delta + 1
         position = batch_end
     if end > start:
         out.append(data[start:end])
         size += end - start
-    return size
+    return size, offset
 
 
 class ReadCaches:
