@@ -64,15 +64,18 @@ class BackgroundLeases:
                 self.held.clear()
             await trio.sleep(interval)
 
-    async def _acquire(self, scope: str) -> bool:
+    async def _acquire(self, scopes: list[str]) -> None:
+        """Take (or renew) these leases in one round trip."""
         node = self.node
-        epoch = await node.metadata.acquire_lease(scope, node.node_id, node.node_epoch,
-                                                  ttl_s=node.config.lease_ttl)
-        if epoch is None:
-            self.held.pop(scope, None)
-            return False
-        self.held[scope] = epoch
-        return True
+        epochs = await node.metadata.acquire_leases(scopes, node.node_id, node.node_epoch,
+                                                    ttl_s=node.config.lease_ttl)
+        for scope in scopes:
+            epoch = epochs.get(scope)
+            if epoch is None:
+                if self.held.pop(scope, None) is not None:
+                    log.info("lost lease %s", scope)
+            else:
+                self.held[scope] = epoch
 
     async def _release(self, scope: str) -> None:
         epoch = self.held.pop(scope, None)
@@ -90,41 +93,42 @@ class BackgroundLeases:
             return
         holders = {lease.scope: lease.holder for lease in await node.metadata.leases()
                    if lease.live}
-        # Renew what we hold (acquiring a lease one holds renews it).
-        for scope in list(self.held):
-            if not await self._acquire(scope):
-                log.info("lost lease %s", scope)
+        await self._acquire(list(self.held))  # renew what we hold
         topics = {t.topic_id for t in view.topics.values()}
         for scope in [s for s in self.held if topic_of(s) not in topics]:
             await self._release(scope)  # the topic is gone
+        wanted: list[str] = []
         for topic in view.topics.values():
-            await self._writer_lease(topic, live, holders)
-            await self._partition_leases(topic, live, holders)
+            wanted += await self._writer_lease(topic, live, holders)
+            wanted += await self._partition_leases(
+                topic, live, holders, sum(1 for w in wanted if w.startswith("partition/")))
+        await self._acquire(wanted)
         await self._work()
 
-    async def _writer_lease(self, topic, live: list[int], holders: dict) -> None:
+    async def _writer_lease(self, topic, live: list[int], holders: dict) -> list[str]:
         scope = writer_scope(topic.topic_id)
         preferred = max(live, key=lambda n: preference(n, scope))
         if preferred == self.node.node_id:
             if scope not in self.held and holders.get(scope) in (None, self.node.node_id):
-                await self._acquire(scope)
+                return [scope]
         elif scope in self.held:
             await self._release(scope)  # give it to the node that prefers it most
+        return []
 
-    async def _partition_leases(self, topic, live: list[int], holders: dict) -> None:
+    async def _partition_leases(self, topic, live: list[int], holders: dict,
+                                already_wanted: int) -> list[str]:
         me = self.node.node_id
         share = math.ceil(len(topic.partitions) / len(live))
         scopes = [partition_scope(topic.topic_id, p.index) for p in topic.partitions]
         mine = [s for s in scopes if s in self.held]
-        total_held = sum(1 for s in self.held if s.startswith("partition/"))
         if len(mine) > share:
             least = min(mine, key=lambda s: preference(me, s))
             await self._release(least)
-            return
+            return []
+        total_held = sum(1 for s in self.held if s.startswith("partition/")) + already_wanted
         free = sorted((s for s in scopes if s not in self.held and holders.get(s) is None),
                       key=lambda s: preference(me, s), reverse=True)
-        for scope in free[: max(0, min(share - len(mine), self.max_partitions - total_held))]:
-            await self._acquire(scope)
+        return free[: max(0, min(share - len(mine), self.max_partitions - total_held))]
 
     async def _work(self) -> None:
         """The work hosted by writer leases: each topic's statistics, fenced by the lease."""

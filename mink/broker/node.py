@@ -6,6 +6,7 @@ Everything the node runs lives in the nursery of `run_node`; cancelling it stops
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -373,6 +374,11 @@ async def _serve(node: Node, task_status) -> None:
             nursery.start_soon(node.leases.run)
             await nursery.start(node.groups.run)
             task_status.started(node.advertised)
+            # What start-up built lives as long as the node: keep it out of the collector's
+            # full passes, which stop the event loop for as long as they scan (DESIGN,
+            # "Performance notes").
+            gc.collect()
+            gc.freeze()
             await trio.sleep(math.inf)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):

@@ -279,6 +279,9 @@ SQL_LIVE_NODES = f"SELECT {_NODE_COLUMNS} FROM nodes WHERE expires_at > now() OR
 SQL_ALL_NODES = f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id"
 
 SQL_ACQUIRE_LEASE = "SELECT mink_acquire_lease(%s::text, %s::int, %s::bigint, %s::float8)"
+SQL_ACQUIRE_LEASES = """
+SELECT s.scope, mink_acquire_lease(s.scope, %s::int, %s::bigint, %s::float8)
+  FROM unnest(%s::text[]) AS s(scope)"""
 SQL_RENEW_LEASE = """
 UPDATE leases SET expires_at = now() + %s::float8 * interval '1 second'
  WHERE scope = %s AND holder = %s AND epoch = %s AND expires_at > now()
@@ -771,6 +774,16 @@ class MetadataStore:
         row = await self._one(WRITE, SQL_ACQUIRE_LEASE, (scope, node_id, node_epoch, ttl_s))
         assert row is not None
         return row[0]
+
+    async def acquire_leases(self, scopes: Sequence[str], node_id: int, node_epoch: int, *,
+                             ttl_s: float) -> dict[str, int | None]:
+        """acquire_lease for many scopes in one round trip (held ones are renewed):
+        scope -> lease epoch, or None where another node holds it. StaleEpoch as above."""
+        if not scopes:
+            return {}
+        rows = await self._all(WRITE, SQL_ACQUIRE_LEASES,
+                               (node_id, node_epoch, ttl_s, list(scopes)))
+        return {scope: epoch for scope, epoch in rows}
 
     async def renew_lease(self, scope: str, node_id: int, lease_epoch: int, *,
                           ttl_s: float) -> None:
