@@ -414,3 +414,35 @@ async def test_a_read_that_fills_its_budget_skips_nothing(metadata, nursery, tai
             seen += got
             offset = seen[-1] + 1
         assert seen == list(range(60))
+
+
+async def test_a_stopped_writer_releases_producers_waiting_for_room(metadata, nursery):
+    objects = FaultyObjectStore(open_object_store("memory://"))
+    topic = await make_topic(metadata, 1)
+    hold = trio.Event()
+    objects.stall("create", until=hold)  # uploads hang: the WAL fills up
+    streams = await Node(metadata, objects, 1, wal_max_bytes=1000).start(nursery)
+    streams.wal.max_buffered_bytes = 2000
+    log = await streams.open(topic.topic_id, 0, 0)
+    pending = [append(log, [b"x" * 500]) for _ in range(6)]
+    waiter_result = []
+
+    async def wait_for_room():
+        try:
+            await streams.wal.wait_for_room()
+            waiter_result.append("room")
+        except NotLeader:
+            waiter_result.append("not leader")
+
+    nursery.start_soon(wait_for_room)
+    await trio.sleep(0.1)
+    assert waiter_result == [], "the WAL is full: the producer must wait"
+    streams.stop()
+    with trio.fail_after(5):
+        while not waiter_result:
+            await trio.sleep(0.01)
+    assert waiter_result == ["not leader"]
+    for p in pending:
+        with pytest.raises((NotLeader, AppendInDoubt)):
+            await p.wait(timeout=5)
+    hold.set()

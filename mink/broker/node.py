@@ -33,9 +33,6 @@ from mink.storage.streams import Streams
 
 log = logging.getLogger(__name__)
 
-# A stream still open by another live node is left to it for this many syncs, then opened
-# anyway: the epoch fence keeps that safe (seed 000, "HeldBy").
-HELD_BY_GRACE_SYNCS = 2
 # Partitions opened at once by one sync (each open is a PostgreSQL round trip).
 OPEN_CONCURRENCY = 8
 
@@ -57,16 +54,21 @@ class Node:
         # False while this node may not act as a leader: before it registered, and after it
         # could not renew its membership in time (self-fencing).
         self.leading = False
-        self._held_by: dict[tuple[uuid.UUID, int], int] = {}
+        # A stream still open by another live node is left to it for about two syncs, then
+        # opened anyway: the epoch fence keeps that safe (seed 000, "HeldBy").
+        self.held_by_grace = 2 * min(1.0, config.lease_ttl / 6)
+        self._held_by: dict[tuple[uuid.UUID, int], float] = {}
         self._sync_lock = trio.Lock()
-        self._incarnation_lock = trio.Lock()
+        self.last_renewal_sent = 0.0  # trio clock: when the last successful renewal was sent
         self._nursery: trio.Nursery | None = None
 
     # -- the view and the partitions this node leads --------------------------------------
 
     async def refresh_view(self) -> None:
         view = view_from_snapshot(await self.metadata.view())
-        if view != self.view:  # an unchanged snapshot keeps its memo of encoded answers
+        # An unchanged snapshot keeps its memo of encoded answers; an older one (a slower
+        # concurrent refresh) never replaces a newer one.
+        if view != self.view and view.version >= self.view.version:
             self.view = view
         await self.sync_partitions()
         self.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
@@ -95,17 +97,24 @@ class Node:
                 limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
                 async with trio.open_nursery() as nursery:
                     for topic, p in to_open:
-                        nursery.start_soon(self._open_within, limiter, topic, p)
+                        nursery.start_soon(self._open_within, limiter, streams, topic, p)
 
-    async def _open_within(self, limiter: trio.CapacityLimiter, topic: TopicInfo,
-                           p: PartitionInfo) -> None:
+    async def _open_within(self, limiter: trio.CapacityLimiter, streams: Streams,
+                           topic: TopicInfo, p: PartitionInfo) -> None:
         async with limiter:
             try:
-                await self._open(topic, p)
-            except MetadataUnavailable as exc:  # the next sync tries again
+                await self._open(streams, topic, p)
+            except md.MetadataError as exc:  # the next sync tries again
                 log.warning("opening %s-%d failed: %s", topic.name, p.index, exc)
+            except Exception:  # one partition's trouble must not take the node down
+                log.exception("opening %s-%d failed", topic.name, p.index)
 
-    async def _open(self, topic: TopicInfo, p: PartitionInfo) -> PartitionLog | None:
+    def _still(self, streams: Streams) -> bool:
+        """Whether the incarnation that started an open is still the current one."""
+        return self.leading and self.streams is streams
+
+    async def _open(self, streams: Streams, topic: TopicInfo,
+                    p: PartitionInfo) -> PartitionLog | None:
         key = (topic.topic_id, p.index)
         leader_epoch = p.leader_epoch
         opener = (p.opened_by_node, p.opened_by_epoch)
@@ -114,20 +123,21 @@ class Node:
                 other = self.view.brokers.get(p.opened_by_node)
                 if p.opened_by_node != self.node_id and other is not None and (
                         other.epoch == p.opened_by_epoch):
-                    held = self._held_by.get(key, 0) + 1
-                    self._held_by[key] = held
-                    if held <= HELD_BY_GRACE_SYNCS:
+                    first_seen = self._held_by.setdefault(key, trio.current_time())
+                    if trio.current_time() - first_seen < self.held_by_grace:
                         return None  # HeldBy: the other node has not seen the move yet
                 elif p.opened_by_node != self.node_id:
                     # Opened by a dead node: fence its epoch so its late commits are refused.
                     await self.metadata.fence_node(p.opened_by_node, p.opened_by_epoch)
             self._held_by.pop(key, None)
-            if p.open_leader_epoch == leader_epoch:
+            if p.open_leader_epoch == leader_epoch and self._still(streams):
                 # Opened before at this very epoch (by this node before a restart, or by the
                 # node just fenced): a fresh leader epoch tells clients the log may differ.
                 leader_epoch = await self.metadata.lead_partition(
                     topic.topic_id, p.index, self.node_id, expected_leader_epoch=leader_epoch)
-            return await self.streams.open(topic.topic_id, p.index, leader_epoch)
+            if not self._still(streams):
+                return None  # this node stopped leading meanwhile
+            return await streams.open(topic.topic_id, p.index, leader_epoch)
         except md.NodeAlive:
             return None
         except (md.NotLeader, StaleEpoch, md.UnknownTopic) as exc:
@@ -230,20 +240,20 @@ class Node:
         process restart."""
         ttl = self.config.lease_ttl
         margin = max(0.5, ttl / 10)
-        last_renewal_sent = trio.current_time()
         while True:
             if self.leading:
-                await trio.sleep_until(last_renewal_sent + ttl / 3)
+                await trio.sleep_until(self.last_renewal_sent + ttl / 3)
             sent = trio.current_time()
-            fence_at = last_renewal_sent + ttl - margin
+            fence_at = self.last_renewal_sent + ttl - margin
             deadline = min(sent + ttl / 3, fence_at) if self.leading else sent + ttl / 3
             renewed = False
             with trio.move_on_at(deadline):
                 try:
                     if self.leading:
                         await self.metadata.heartbeat(self.node_id, self.node_epoch, ttl_s=ttl)
+                        self.last_renewal_sent = sent
                     else:
-                        await self.reincarnate()
+                        await self.register()  # only the registration races the deadline
                     renewed = True
                 except StaleEpoch:
                     log.error("membership renewal refused: epoch %d was fenced",
@@ -252,7 +262,11 @@ class Node:
                 except MetadataUnavailable as exc:
                     log.warning("membership renewal failed: %s", exc)
             if renewed:
-                last_renewal_sent = sent
+                if not self.leading:
+                    try:
+                        await self.start_streams()
+                    except md.MetadataError as exc:  # leading already: the sync loop catches up
+                        log.warning("reopening after registering again: %s", exc)
                 continue
             if self.leading and trio.current_time() >= fence_at:
                 self.stop_leading("membership not renewed within lease_ttl")
@@ -270,13 +284,6 @@ class Node:
             self.streams.stop()
             self.streams = None
 
-    async def reincarnate(self) -> None:
-        """Register with a new node epoch, start a fresh WAL writer, reopen what we lead."""
-        async with self._incarnation_lock:
-            self.stop_leading("registering again")
-            await self.register()
-            await self.start_streams()
-
     async def start_streams(self) -> None:
         config = self.config
         delay = config.effective_wal_max_delay_ms() / 1000
@@ -285,7 +292,8 @@ class Node:
             self.node_id, self.node_epoch, self.objects, self.metadata,
             wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
             wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
-            commit_timeout=config.commit_timeout)
+            commit_timeout=config.commit_timeout,
+            on_node_fenced=lambda: self.stop_leading("a WAL commit found this node's epoch fenced"))
         await self._nursery.start(self.streams.run)
         self._nursery.start_soon(_settle_orphans, self, self.streams)
         self.leading = True
@@ -312,8 +320,10 @@ class Node:
 
     async def register(self) -> None:
         host, port = self.advertised
+        sent = trio.current_time()
         self.node_epoch = await self.metadata.register_node(
             self.node_id, host, port, rack=self.config.rack, ttl_s=self.config.lease_ttl)
+        self.last_renewal_sent = sent
         log.info("node %d registered at epoch %d, advertising %s:%d", self.node_id,
                  self.node_epoch, host, port)
 

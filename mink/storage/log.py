@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from mink.protocol.records import iter_batches, iter_records, patch_batch
-from mink.storage.metadata import ProducerStateUpdate
+from mink.storage.metadata import MetadataError, ProducerStateUpdate
+from mink.storage.objectstore import ObjectStoreError
 from mink.storage.producer_state import (
     BatchMetadata,
     ProducerAppend,
@@ -91,6 +92,8 @@ class PendingAppend:
     producer: ProducerAppend | None = None
     done: trio.Event = field(default_factory=trio.Event)
     error: LogError | None = None
+    # In a WAL object being uploaded or committed: its outcome is no longer this log's.
+    sealed: bool = False
 
     def resolve(self, error: LogError | None = None) -> None:
         if not self.done.is_set():
@@ -194,8 +197,9 @@ class PartitionLog:
                 self.producers.commit(pending.producer, pending.base_offset,
                                       pending.last_offset)
             pending.resolve()
-        for chunk in chunks:
-            self.caches.add_tail(self, chunk)
+        if self.closed is None:  # a closed log's bytes would serve no reader
+            for chunk in chunks:
+                self.caches.add_tail(self, chunk)
         self._wake()
 
     def _wake(self) -> None:
@@ -219,9 +223,15 @@ class PartitionLog:
                                 for p in kept if p.producer is not None])
 
     def close(self, error: LogError) -> None:
-        """This node lost the partition (or is shutting down): fail everything pending."""
+        """This node lost the partition (or is shutting down): fail everything pending.
+        Appends already in a WAL object on its way may still be committed: they are
+        answered as in doubt, never as failed (the client decides; never guess)."""
         if self.closed is None:
             self.closed = error
+            in_doubt = AppendInDoubt(f"the partition closed while its commit was in flight "
+                                     f"({error})")
+            for pending in self.pending:
+                pending.resolve(in_doubt if pending.sealed else error)
             self.reset(error)
             self.caches.drop_tail(self)
             self._wake()
@@ -326,6 +336,7 @@ class ReadCaches:
         self.tail_budget = tail_bytes
         self.tail_used = 0
         self._tail_order: collections.deque[tuple[PartitionLog, Chunk]] = collections.deque()
+        self._stale = 0  # entries of _tail_order whose log dropped its tail
         self.block_budget = block_bytes
         self.block_used = 0
         self._blocks: collections.OrderedDict[tuple[str, int, int], bytes] = (
@@ -340,26 +351,37 @@ class ReadCaches:
             if old_log.tail and old_log.tail[0] is old_chunk:
                 old_log.tail.popleft()
                 self.tail_used -= len(old_chunk.data)
+            else:
+                self._stale -= 1  # dropped with its log already
 
     def drop_tail(self, log_: PartitionLog) -> None:
+        """Forget a closed log's chunks. Their entries in the eviction order are skipped
+        when they come up (compacted once they are most of it): no scan per close."""
         for chunk in log_.tail:
             self.tail_used -= len(chunk.data)
+        self._stale += len(log_.tail)
         log_.tail.clear()
-        self._tail_order = collections.deque(
-            (l, c) for l, c in self._tail_order if l is not log_)
+        if self._stale > len(self._tail_order) // 2 + 1024:
+            self._tail_order = collections.deque(
+                (l, c) for l, c in self._tail_order if l.tail and c in l.tail)
+            self._stale = 0
 
     async def read_cold(self, log_: PartitionLog, offset: int, max_bytes: int) -> list[Chunk]:
-        rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
-                                                max_rows=16)
-        chunks: list[Chunk] = []
-        size = 0
-        for row in rows:
-            data = await self.get_block(row.object_key, row.byte_start, row.byte_end)
-            chunks.append(Chunk(row.base_offset, row.last_offset, data))
-            size += len(data)
-            if size >= max_bytes:
-                break
-        return chunks
+        try:
+            rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
+                                                    max_rows=16)
+            chunks: list[Chunk] = []
+            size = 0
+            for row in rows:
+                data = await self.get_block(row.object_key, row.byte_start, row.byte_end)
+                chunks.append(Chunk(row.base_offset, row.last_offset, data))
+                size += len(data)
+                if size >= max_bytes:
+                    break
+            return chunks
+        except (MetadataError, ObjectStoreError) as exc:
+            # Retriable for the client; reads of cached data go on meanwhile.
+            raise StorageUnavailable(f"reading offset {offset} from the store: {exc}") from exc
 
     async def get_block(self, key: str, start: int, end: int) -> bytes:
         block_key = (key, start, end)

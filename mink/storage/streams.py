@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 import trio
 
@@ -19,7 +20,8 @@ class Streams:
                  wal_max_bytes: int = 8 * 1024 * 1024, wal_max_delay: float = 0.0,
                  wal_max_uploads: int = 1, commit_timeout: float = 10.0,
                  tail_cache_bytes: int = 256 * 1024 * 1024,
-                 block_cache_bytes: int = 256 * 1024 * 1024) -> None:
+                 block_cache_bytes: int = 256 * 1024 * 1024,
+                 on_node_fenced: Callable[[], None] | None = None) -> None:
         self.node_id = node_id
         self.node_epoch = node_epoch
         self.metadata = metadata
@@ -29,6 +31,8 @@ class Streams:
                              commit_timeout=commit_timeout, on_fenced=self._on_fenced)
         self.logs: dict[tuple[uuid.UUID, int], PartitionLog] = {}
         self.fenced = trio.Event()  # set when a commit was refused; the owner resyncs
+        # Called when a commit says this node's epoch is stale: every partition is lost.
+        self.on_node_fenced = on_node_fenced or (lambda: None)
         self._scope = trio.CancelScope()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -41,6 +45,7 @@ class Streams:
     def stop(self) -> None:
         """Close every log now and stop the WAL writer (its in-flight commits finish or
         time out first: they are shielded)."""
+        self.wal.stop()
         self._close_all()
         self._scope.cancel()
 
@@ -95,3 +100,5 @@ class Streams:
         if self.logs.get(partition_log.key) is partition_log:
             del self.logs[partition_log.key]
         self.fenced.set()
+        if reason == "stale_node_epoch":
+            self.on_node_fenced()

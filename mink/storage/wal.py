@@ -143,6 +143,7 @@ class WalWriter:
         self._in_flight: collections.deque[_WalObject] = collections.deque()
         self._object_uploaded = trio.Event()
         self._seq = 0
+        self.stopped = False
 
     # -- called by PartitionLog.append, synchronously -------------------------------------
 
@@ -157,9 +158,16 @@ class WalWriter:
         self._data_added.set()
 
     async def wait_for_room(self) -> None:
-        """Back-pressure: wait while too many bytes wait for their commit."""
-        while self._unflushed_bytes >= self.max_buffered_bytes:
+        """Back-pressure: wait while too many bytes wait for their commit. Raises NotLeader
+        once the writer stopped (this node stopped leading): nothing would make room."""
+        while self._unflushed_bytes >= self.max_buffered_bytes and not self.stopped:
             await self._room.wait()
+        if self.stopped:
+            raise NotLeader("this node stopped leading")
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._room.set()
 
     # -- background -----------------------------------------------------------------------
 
@@ -205,6 +213,7 @@ class WalWriter:
                 continue
             start = position
             for entry in live:
+                entry.pending.sealed = True
                 parts.append(entry.data)
                 position += len(entry.data)
             ranges.append(_Range(log_, log_.generation, live, start, position))
@@ -226,8 +235,11 @@ class WalWriter:
     async def _upload(self, obj: _WalObject) -> None:
         try:
             await self.objects.create(obj.key, obj.parts)
-        except ObjectStoreError as exc:
-            log.warning("upload of %s failed: %s", obj.key, exc)
+        except Exception as exc:  # any failure is a failed upload, never a dead node
+            if not isinstance(exc, ObjectStoreError):
+                log.exception("upload of %s failed unexpectedly", obj.key)
+            else:
+                log.warning("upload of %s failed: %s", obj.key, exc)
             obj.upload_error = exc
         finally:
             self._upload_slots.release()
@@ -259,6 +271,8 @@ class WalWriter:
                     if r.is_current():
                         r.log.reset(StorageUnavailable(f"upload failed: {obj.upload_error}"),
                                     from_offset=r.base_offset)
+                # It may have landed after all (an answer lost): never let it be committed.
+                await self._queue_deletion([obj.key], "upload failed")
                 continue
             # Ranges failed by an earlier reset are never committed, so a rewound
             # partition cannot see an old range land on its new offsets.
@@ -279,6 +293,9 @@ class WalWriter:
                 if result.accepted:
                     r.log.committed(r.chunks())
                 else:
+                    refused = NotLeader(f"commit refused: {result.reason}")
+                    for entry in r.entries:  # known outcome: refused, not in doubt
+                        entry.pending.resolve(refused)
                     self._fenced(r.log, result.reason)
 
     def _fenced(self, log_: PartitionLog, reason: str) -> None:
@@ -304,6 +321,9 @@ class WalWriter:
                             return [_refused_whole(obj, exc.reason) for obj in request]
                         except MetadataUnavailable as exc:
                             log.warning("commit of %s in doubt: %s", request[0].key, exc)
+                        except Exception:  # unknown: treat as in doubt, repeat, never guess
+                            log.exception("commit of %s failed unexpectedly; repeating",
+                                          request[0].key)
                     log.warning("commit of %d WAL objects in doubt; repeating",
                                 len(request))
                 if not frozen:
@@ -321,8 +341,8 @@ class WalWriter:
         try:
             with trio.move_on_after(self.commit_timeout):
                 await self.metadata.queue_for_deletion(keys, reason)
-        except MetadataUnavailable:
-            pass  # garbage collection also finds unreferenced objects by listing
+        except Exception as exc:  # a node restart settles them (Streams.settle_orphans)
+            log.warning("could not queue %s for deletion: %s", keys, exc)
 
 
 @dataclass

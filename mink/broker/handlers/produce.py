@@ -37,22 +37,35 @@ class _PartitionResult:
 
 async def handle(node, ctx, request):
     version = ctx.header.api_version
-    if request.acks not in (-1, 0, 1):
-        results = {t.name: [_refused(p.index, ErrorCode.invalid_required_acks)
-                            for p in t.partition_data] for t in request.topic_data}
+
+    def refuse_all(error: ErrorCode, message: str | None = None):
+        results = {t.name: [_refused(p.index, error, message) for p in t.partition_data]
+                   for t in request.topic_data}
         ctx.applied()
+        if request.acks == 0:
+            raise CloseConnection(message or error.name)
         return _response(node, version, results)
+
+    if request.acks not in (-1, 0, 1):
+        return refuse_all(ErrorCode.invalid_required_acks)
     if request.transactional_id is not None:
         # Transactions are not implemented: refuse them clearly rather than half-way.
-        results = {t.name: [_refused(p.index, ErrorCode.transactional_id_authorization_failed,
-                                     "transactions are not supported")
-                            for p in t.partition_data] for t in request.topic_data}
-        ctx.applied()
-        return _response(node, version, results)
+        return refuse_all(ErrorCode.transactional_id_authorization_failed,
+                          "transactions are not supported")
+    deadline = trio.current_time() + request.timeout.total_seconds()
     if node.config.auto_create_topics_enable:
         await node.auto_create_topics([t.name for t in request.topic_data
                                        if t.name not in node.view.topics])
-    await node.streams.wal.wait_for_room()
+    streams = node.streams
+    if streams is None:
+        return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
+    try:
+        with trio.fail_at(deadline):
+            await streams.wal.wait_for_room()
+    except trio.TooSlowError:
+        return refuse_all(ErrorCode.request_timed_out, "the WAL stayed full")
+    except LogError as exc:
+        return refuse_all(error_for(exc), str(exc))
     # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
     results = {t.name: [_append(node, t.name, p, version) for p in t.partition_data]
                for t in request.topic_data}
@@ -62,7 +75,6 @@ async def handle(node, ctx, request):
         if any(r.error for rs in results.values() for r in rs):
             raise CloseConnection("acks=0 produce failed; the client must refresh metadata")
         return None
-    deadline = trio.current_time() + request.timeout.total_seconds()
     for partition_results in results.values():
         for result in partition_results:
             if result.pending is not None:
