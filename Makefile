@@ -19,7 +19,8 @@ test: $(BIN)/mink
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(BIN)/mink
-	$(BIN)/python -m benchmarks.storage $(BENCH_ARGS)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mink .pytest_cache .hypothesis
