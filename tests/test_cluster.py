@@ -433,3 +433,28 @@ def test_group_consumers_carry_on_through_a_failover(cluster):
                      what="the group consuming every acknowledged message")
     stop.set()
     reader.join(30)
+
+
+def test_kafka_python_producer_and_group_consumer_follow_the_leaders(cluster):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    start_three(cluster)
+    create_topic(cluster.bootstrap, "kp-cluster", 6)
+    producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all")  # idempotent
+    for i in range(600):
+        producer.send("kp-cluster", key=b"%d" % i, value=b"v%d" % i)
+    producer.flush(30)
+    producer.close()
+    consumer = KafkaConsumer("kp-cluster", bootstrap_servers=cluster.bootstrap,
+                             group_id="kp-group", auto_offset_reset="earliest",
+                             consumer_timeout_ms=15000)
+    seen = set()
+    for message in consumer:
+        seen.add(message.value)
+        if len(seen) == 600:
+            break
+    consumer.commit()
+    consumer.close()
+    assert seen == {b"v%d" % i for i in range(600)}
+    leaders = {leader for leader, _ in cluster.leaders("kp-cluster").values()}
+    assert leaders == {1, 2, 3}, "the data was spread over all three leaders"
