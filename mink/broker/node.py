@@ -60,6 +60,7 @@ class Node:
         self._held_by: dict[tuple[uuid.UUID, int], float] = {}
         self._sync_lock = trio.Lock()
         self.last_renewal_sent = 0.0  # trio clock: when the last successful renewal was sent
+        self.ready = trio.Event()  # registered and its view loaded: requests may be served
         self._nursery: trio.Nursery | None = None
 
     # -- the view and the partitions this node leads --------------------------------------
@@ -378,6 +379,7 @@ async def _serve(node: Node, task_status) -> None:
         await node.register()
         try:
             await node.start_streams()
+            node.ready.set()
             nursery.start_soon(node.membership_loop)
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)

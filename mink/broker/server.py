@@ -19,6 +19,11 @@ async def serve_kafka(node, host: str, port: int, max_frame_bytes: int,
     bound = listeners[0].socket.getsockname()[:2]
 
     async def handle(stream: trio.SocketStream) -> None:
+        # The listener opens before the node registers (its port may be chosen by the OS),
+        # but no request is answered before the node is in its own view: Metadata would
+        # list no brokers and controller -1, which makes admin clients wait for a
+        # controller until they time out.
+        await node.ready.wait()
         try:
             await Connection(node, stream, HANDLERS, max_frame_bytes).run()
         except Exception:
