@@ -285,10 +285,9 @@ class Node:
                            f"{self.log_tail()}")
 
     def _registered(self) -> bool:
-        """Listening, and its Metadata lists itself and a controller. A node listens before
-        it has registered; until then it answers with no brokers and controller -1, and an
-        AdminClient that sees that answer waits for a controller until its request times
-        out (reported: see benchmarks/README.md)."""
+        """Listening, and its Metadata lists itself and a controller. (Before c8a288a a node
+        answered before it had registered: no brokers, controller -1, and an AdminClient
+        that saw that answer waited for a controller until its request timed out.)"""
         from benchmarks.loadgen import RawConnection, metadata_request
         from mink.protocol.messages import decode_response
 
