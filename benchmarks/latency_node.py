@@ -3,7 +3,7 @@
     MINK_BENCH_STORE_LATENCY_MS=20 MINK_BENCH_STORE_JITTER_MS=10 MINK_... \\
         python -m benchmarks.latency_node
 
-Without MINK_BENCH_* variables this is exactly `python -m mink.broker.cli serve`.
+Without MINK_BENCH_* variables this is exactly `python -m mink.cli serve`.
 
 - MINK_BENCH_STORE_LATENCY_MS (and _JITTER_MS): the object store the node opens is wrapped
   in `mink.storage.objectstore.testing.LatencyObjectStore(mean, jitter)`: every request
@@ -119,7 +119,7 @@ def main() -> int:
         jitter = os.environ.get("MINK_BENCH_STORE_JITTER_MS", "0")
         seed = os.environ.get("MINK_BENCH_SEED")
         _install_latency(float(latency), float(jitter), int(seed) if seed else None)
-    from mink.broker.cli import main as cli_main
+    from mink.cli.main import main as cli_main
 
     return cli_main(["serve"])
 

@@ -54,7 +54,7 @@ def main() -> None:
                        MINK_POSTGRES_URL=postgres.url, MINK_OBJECT_STORE=(work / "objects").as_uri(),
                        MINK_LEASE_TTL=str(LEASE_TTL), MINK_COORDINATOR_TICK="0.5",
                        MINK_LOG_LEVEL="WARNING")
-            nodes[node_id] = subprocess.Popen([sys.executable, "-m", "mink.broker.cli", "serve"],
+            nodes[node_id] = subprocess.Popen([sys.executable, "-m", "mink.cli", "serve"],
                                               env=env)
             wait_listening(port)
             print(f"node {node_id} listening on 127.0.0.1:{port}")

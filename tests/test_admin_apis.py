@@ -14,7 +14,7 @@ import trio
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from mink.broker.topics_cli import KafkaConnection
+from mink.client import BlockingKafkaClient
 from mink.protocol.apis import ADVERTISED, ApiKey
 from mink.protocol.messages import build, nested
 
@@ -87,10 +87,10 @@ def watermarks_and_records(address: str, topic: str, expected: int) -> tuple[tup
 def raw(address: str, api_key: int, make_body, version: int | None = None):
     """One request (at the highest version both sides know, unless given) through the CLI's
     client; (version, response)."""
-    with KafkaConnection(address, TIMEOUT) as conn:
+    with BlockingKafkaClient(address, TIMEOUT) as conn:
         if version is None:
             version = conn.version(api_key)
-        return version, conn._call(api_key, version,
+        return version, conn.call(api_key, version,
                                    make_body(load_request_schema(api_key, version)))
 
 
@@ -488,7 +488,7 @@ async def test_every_advertised_version(node):
 
 async def mink_topics(*args: str) -> tuple[int, str, str]:
     result = await trio.run_process(
-        [sys.executable, "-m", "mink.broker.cli", "topics", *args], check=False,
+        [sys.executable, "-m", "mink.cli", "topics", *args], check=False,
         capture_stdout=True, capture_stderr=True)
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 

@@ -206,7 +206,7 @@ def test_rebalance_after_a_fourth_node_joins(cluster):
     cluster.start(4)
     cluster.wait_for(lambda: 4 in cluster.live_nodes(), what="node 4")
     assert all(l != 4 for l, _ in cluster.leaders("balance").values()), "nothing moves by itself"
-    out = subprocess.run([sys.executable, "-m", "mink.broker.cli", "cluster", "rebalance",
+    out = subprocess.run([sys.executable, "-m", "mink.cli", "cluster", "rebalance",
                           "--postgres-url", cluster.pg_url, "--json"],
                          capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
@@ -219,7 +219,7 @@ def test_rebalance_after_a_fourth_node_joins(cluster):
     cluster.wait_for(lambda: all(cluster.open_streams("balance").get(p, (None,))[0] == l
                                  for p, (l, _) in cluster.leaders("balance").items()),
                      what="moved partitions opened by their new leaders")
-    status = subprocess.run([sys.executable, "-m", "mink.broker.cli", "cluster", "status",
+    status = subprocess.run([sys.executable, "-m", "mink.cli", "cluster", "status",
                              "--postgres-url", cluster.pg_url],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "coordinator: node" in status.stdout
@@ -379,7 +379,7 @@ def test_coordinator_actions_are_forwarded_from_any_node(cluster):
     other = next(n for n in (1, 2, 3) if n != coordinator)
     address = cluster.nodes[other].address
     # CreateTopics sent straight to a node that is not the coordinator.
-    result = subprocess.run([sys.executable, "-m", "mink.broker.cli", "topics", "create",
+    result = subprocess.run([sys.executable, "-m", "mink.cli", "topics", "create",
                              "forwarded", "--partitions", "4", "--bootstrap-server", address],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -419,7 +419,7 @@ def test_group_consumers_carry_on_through_a_failover(cluster):
     with Load(cluster.bootstrap, "grouped") as load:
         cluster.wait_for(lambda: len(consumed) > 1000, what="the group consuming")
         # Kill the node that coordinates the group: the group moves with its partition.
-        from mink.broker.group_coordinator import partition_for
+        from mink.broker.groups.coordinator import partition_for
 
         victim = cluster.leaders("__consumer_offsets")[partition_for("carry-on", 50)][0]
         cluster.nodes[victim].kill()

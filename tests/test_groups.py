@@ -16,10 +16,10 @@ import trio
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from mink.broker.group_coordinator import Deadlines, java_string_hash, partition_for
-from mink.broker.group_metadata import Group, GroupState, Member
+from mink.broker.groups.coordinator import Deadlines, java_string_hash, partition_for
+from mink.broker.groups.state import Group, GroupState, Member
 from mink.broker.node import run_node
-from mink.broker.topics_cli import KafkaConnection
+from mink.client import BlockingKafkaClient
 from mink.protocol.apis import ADVERTISED, ApiKey
 from mink.protocol.messages import build, nested
 from mink.storage.embedded_postgres import free_port
@@ -372,7 +372,7 @@ async def test_member_killed_without_leaving_is_expelled_after_its_session_timeo
 
 
 def describe_group(address: str, group: str):
-    with KafkaConnection(address, TIMEOUT) as conn:
+    with BlockingKafkaClient(address, TIMEOUT) as conn:
         return conn.request(ApiKey.DESCRIBE_GROUPS, lambda schema: build(
             schema, groups=(group,), include_authorized_operations=False)).groups[0]
 
@@ -434,7 +434,7 @@ async def start_stoppable(nursery, config) -> tuple[str, trio.CancelScope]:
 
 
 def find_coordinator(address: str, group: str) -> int | None:
-    with KafkaConnection(address, TIMEOUT) as conn:
+    with BlockingKafkaClient(address, TIMEOUT) as conn:
         response = conn.request(ApiKey.FIND_COORDINATOR, lambda schema: build(
             schema, key=group, key_type=0, coordinator_keys=(group,)))
     coordinator = response.coordinators[0]
@@ -538,14 +538,14 @@ class Raw:
     """One blocking connection speaking the group APIs at their highest versions."""
 
     def __init__(self, address: str) -> None:
-        self.conn = KafkaConnection(address, TIMEOUT)
+        self.conn = BlockingKafkaClient(address, TIMEOUT)
 
     def close(self) -> None:
         self.conn.close()
 
     def call(self, api_key: int, version: int | None = None, **fields):
         version = self.conn.version(api_key) if version is None else version
-        return self.conn._call(api_key, version,
+        return self.conn.call(api_key, version,
                                build(load_request_schema(api_key, version), **fields))
 
     def join(self, group: str, member_id: str = "", instance: str | None = None,

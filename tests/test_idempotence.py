@@ -7,6 +7,7 @@ import collections
 
 import trio
 
+from mink.client import KafkaClient
 from mink.protocol.records import Record, build_batch
 from mink.storage.embedded_postgres import free_port
 from mink.storage.producer_state import (
@@ -16,7 +17,6 @@ from mink.storage.producer_state import (
 )
 from tests.support.nodes import node_config
 from tests.support.raw import (
-    RawClient,
     init_producer_id_request,
     produce_request,
     produce_result,
@@ -32,7 +32,7 @@ def idempotent_batch(producer_id: int, epoch: int, sequence: int, values: list[b
 
 
 async def test_same_request_twice_is_written_once(node):
-    client = await RawClient.connect(node)
+    client = await KafkaClient.connect(node)
     init = await client.call(22, 4, init_producer_id_request())
     assert init.error_code == NONE and init.producer_id >= 0 and init.producer_epoch == 0
     # A first, non-idempotent produce creates the topic (auto-creation).
@@ -52,7 +52,7 @@ async def test_same_request_twice_is_written_once(node):
 
 
 async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(node):
-    client = await RawClient.connect(node)
+    client = await KafkaClient.connect(node)
     init = await client.call(22, 4, init_producer_id_request())
     await client.call(0, 9, produce_request("inflight", 0, build_batch([Record(0, 0, None, b"x")])))
     request = produce_request("inflight", 0, idempotent_batch(init.producer_id, 0, 0, [b"a"]))
@@ -67,7 +67,7 @@ async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(node):
 
 
 async def test_out_of_order_and_stale_epoch_are_refused(node):
-    client = await RawClient.connect(node)
+    client = await KafkaClient.connect(node)
     init = await client.call(22, 4, init_producer_id_request())
     pid = init.producer_id
     await client.call(0, 9, produce_request("order", 0, build_batch([Record(0, 0, None, b"x")])))
@@ -91,7 +91,7 @@ async def test_out_of_order_and_stale_epoch_are_refused(node):
 
 
 async def test_producer_ids_are_never_reused(node):
-    client = await RawClient.connect(node)
+    client = await KafkaClient.connect(node)
     ids = [(await client.call(22, 4, init_producer_id_request())).producer_id for _ in range(5)]
     assert len(set(ids)) == 5
     unknown = await client.call(22, 4, init_producer_id_request(producer_id=10**12, epoch=0))
@@ -103,7 +103,7 @@ async def test_duplicate_recognised_after_kill_and_restart(pg_url, store_url, no
     config = node_config(pg_url, store_url, listener=f"127.0.0.1:{free_port()}")
     first = node_processes(config)
     await trio.to_thread.run_sync(first.start)
-    client = await RawClient.connect(first.address)
+    client = await KafkaClient.connect(first.address)
     init = await client.call(22, 4, init_producer_id_request())
     await client.call(0, 9, produce_request("restart", 0, build_batch([Record(0, 0, None, b"x")])))
     request = produce_request("restart", 0, idempotent_batch(init.producer_id, 0, 0,
@@ -115,7 +115,7 @@ async def test_duplicate_recognised_after_kill_and_restart(pg_url, store_url, no
     await trio.to_thread.run_sync(second.start)
     with trio.fail_after(30):
         while True:  # the partition is opening: NOT_LEADER_OR_FOLLOWER until it is
-            client = await RawClient.connect(second.address)
+            client = await KafkaClient.connect(second.address)
             result = produce_result(await client.call(0, 9, request))
             await client.aclose()
             if result[0] != 6:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from mink.broker.handlers.api_versions import unsupported_version_response
+from mink.broker.server.handlers.api_versions import unsupported_version_response
 from mink.protocol import messages
 from mink.protocol.apis import ADVERTISED, ApiKey
 from mink.protocol.framing import FrameError, FrameReader, frame

@@ -17,11 +17,11 @@ import trio_asyncio
 
 from mink.broker.config import Config
 from mink.broker.coordinator import ClusterCoordinator, NotCoordinator
-from mink.broker.forward import auto_create_via_coordinator
-from mink.broker.group_coordinator import GroupCoordinator
+from mink.broker.server.forwarding import auto_create_via_coordinator
+from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.leases import BackgroundLeases
 from mink.broker.producer_ids import ProducerIdBlock
-from mink.broker.server import serve_kafka
+from mink.broker.server.listener import serve_kafka
 from mink.broker.topic_config import validate_topic_config
 from mink.broker.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from mink.protocol.topics import topic_name_error

@@ -15,14 +15,21 @@ import subprocess
 from pathlib import Path
 
 import warnings
-
-with warnings.catch_warnings():
-    # pgserver looks up a runtime directory at import time and warns when XDG_RUNTIME_DIR
-    # is unset; we use only its binaries.
-    warnings.simplefilter("ignore")
-    from pgserver._commands import POSTGRES_BIN_PATH
+from functools import cache
 
 RUN_AS_USER = "pgserver"
+
+
+@cache
+def postgres_bin_path() -> Path:
+    """Where the `pgserver` wheel keeps PostgreSQL's binaries. The wheel is an extra
+    (`mink[dev]`, `mink[test]`, `mink[testing]`): `mink serve` runs without it."""
+    with warnings.catch_warnings():
+        # pgserver looks up a runtime directory at import time and warns when
+        # XDG_RUNTIME_DIR is unset; we use only its binaries.
+        warnings.simplefilter("ignore")
+        from pgserver._commands import POSTGRES_BIN_PATH
+    return Path(POSTGRES_BIN_PATH)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -73,7 +80,7 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@{self.host}:{self.port}/{database}"
 
     def _bin(self, name: str) -> str:
-        return str(POSTGRES_BIN_PATH / name)
+        return str(postgres_bin_path() / name)
 
     def _run(self, args: list[str], timeout: float = 60) -> None:
         proc = subprocess.run(args, user=self.user, capture_output=True, text=True,
@@ -88,7 +95,7 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.user:
             _make_traversable(self.data_dir.parent)
-            _make_traversable(POSTGRES_BIN_PATH.parent)
+            _make_traversable(postgres_bin_path().parent)
             shutil.chown(self.data_dir, self.user, self.user)
         self.data_dir.chmod(0o700)
         self._run([self._bin("initdb"), "-D", str(self.data_dir), "-U", "postgres",

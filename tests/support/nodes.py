@@ -72,7 +72,7 @@ class NodeProcess:
             if value is not None:
                 env[f"MINK_{name.upper()}"] = str(value)
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "mink.broker.cli", "serve"],
+        self.process = subprocess.Popen([sys.executable, "-m", "mink.cli", "serve"],
                                         env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         host, port = self.address.rsplit(":", 1)

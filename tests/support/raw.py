@@ -1,49 +1,10 @@
-"""A raw Kafka client for tests that need exact control of the bytes sent."""
+"""Request bodies for tests that talk to a node with `mink.client.KafkaClient`."""
 
 from __future__ import annotations
 
-import itertools
-
-import trio
 from kio.index import load_request_schema
 
-from mink.protocol.framing import FrameReader
-from mink.protocol.messages import build, decode_response, encode_request, nested
-
-
-class RawClient:
-    def __init__(self, stream: trio.SocketStream):
-        self.stream = stream
-        self.reader = FrameReader()
-        self._ids = itertools.count(1)
-
-    @classmethod
-    async def connect(cls, address: str) -> RawClient:
-        host, port = address.rsplit(":", 1)
-        return cls(await trio.open_tcp_stream(host, int(port)))
-
-    async def send(self, api_key: int, version: int, body) -> int:
-        correlation_id = next(self._ids)
-        await self.stream.send_all(encode_request(api_key, version, correlation_id, body,
-                                                  "raw-test"))
-        return correlation_id
-
-    async def receive(self, api_key: int, version: int):
-        while (frame := self.reader.next_frame()) is None:
-            data = await self.stream.receive_some(1 << 20)
-            if not data:
-                raise EOFError("connection closed by the node")
-            self.reader.feed(data)
-        return decode_response(api_key, version, frame)
-
-    async def call(self, api_key: int, version: int, body):
-        sent = await self.send(api_key, version, body)
-        received, response = await self.receive(api_key, version)
-        assert received == sent
-        return response
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
+from mink.protocol.messages import build, nested
 
 
 def produce_request(topic: str, partition: int, records: bytes, version: int = 9,

@@ -1,0 +1,183 @@
+"""DescribeConfigs: a topic's settings (its own values, else the defaults) and this broker's.
+
+Topic settings are the ones Mink honours (topic_config.TOPIC_SETTINGS). Broker settings are
+read-only: they come from the node's configuration file, environment or flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
+
+from mink.broker.config import Config
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.topic_config import TOPIC_SETTINGS
+from mink.protocol.messages import build, nested, response_schema
+from mink.protocol.topics import topic_name_error
+
+# Kafka's ConfigResource.Type.
+TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+
+# Kafka's DescribeConfigsResponse.ConfigSource.
+DYNAMIC_TOPIC_CONFIG = 1
+STATIC_BROKER_CONFIG = 4
+DEFAULT_CONFIG = 5
+
+# Kafka's DescribeConfigsResponse.ConfigType.
+CONFIG_TYPES = {"BOOLEAN": 1, "STRING": 2, "INT": 3, "SHORT": 4, "LONG": 5, "DOUBLE": 6,
+                "LIST": 7, "CLASS": 8, "PASSWORD": 9}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    name: str
+    value: str | None
+    source: int
+    read_only: bool
+    type: str
+    doc: str
+    synonyms: tuple[tuple[str, str | None, int], ...]  # (name, value, source), strongest first
+
+
+def topic_config_entries(config: dict[str, str]) -> list[ConfigEntry]:
+    """Every topic setting, sorted by name: the topic's own value, else the default."""
+    entries = []
+    for name in sorted(TOPIC_SETTINGS):
+        setting = TOPIC_SETTINGS[name]
+        default = (setting.broker_synonym or name, setting.default, DEFAULT_CONFIG)
+        own = config.get(name)
+        if own is not None:
+            entries.append(ConfigEntry(name, str(own), DYNAMIC_TOPIC_CONFIG, False, setting.type,
+                                       setting.doc,
+                                       ((name, str(own), DYNAMIC_TOPIC_CONFIG), default)))
+        else:
+            entries.append(ConfigEntry(name, setting.default, DEFAULT_CONFIG, False,
+                                       setting.type, setting.doc, (default,)))
+    return entries
+
+
+_DEFAULTS = Config()
+
+
+def broker_config_entries(node) -> list[ConfigEntry]:
+    """This node's settings under their Kafka names, sorted by name; all read-only."""
+    config: Config = node.config
+    host, port = node.advertised
+
+    def from_config(name: str, field: str, type_: str, doc: str) -> ConfigEntry:
+        value = getattr(config, field)
+        source = DEFAULT_CONFIG if value == getattr(_DEFAULTS, field) else STATIC_BROKER_CONFIG
+        return _broker_entry(name, _text(value), source, type_, doc)
+
+    def fixed(name: str, value: str | None, type_: str, doc: str,
+              source: int = DEFAULT_CONFIG) -> ConfigEntry:
+        return _broker_entry(name, value, source, type_, doc)
+
+    node_id = str(config.node_id)
+    entries = [
+        fixed("broker.id", node_id, "INT", "this node's id", STATIC_BROKER_CONFIG),
+        fixed("node.id", node_id, "INT", "this node's id", STATIC_BROKER_CONFIG),
+        fixed("listeners", f"PLAINTEXT://{config.listener}", "LIST",
+              "the address this node listens on", STATIC_BROKER_CONFIG),
+        fixed("advertised.listeners", f"PLAINTEXT://{host}:{port}", "LIST",
+              "the address clients are told to connect to", STATIC_BROKER_CONFIG),
+        from_config("broker.rack", "rack", "STRING", "this node's rack"),
+        from_config("auto.create.topics.enable", "auto_create_topics_enable", "BOOLEAN",
+                    "create unknown topics on Metadata and Produce requests"),
+        from_config("num.partitions", "num_partitions", "INT",
+                    "partitions of a topic created without a partition count"),
+        fixed("default.replication.factor", "1", "SHORT",
+              "one copy per partition: durability comes from the object store"),
+        fixed("min.insync.replicas", "1", "INT",
+              "one copy per partition: durability comes from the object store"),
+        fixed("offsets.topic.replication.factor", "1", "SHORT",
+              "one copy per partition: durability comes from the object store"),
+        from_config("message.max.bytes", "message_max_bytes", "INT",
+                    "the largest record batch accepted"),
+        from_config("socket.request.max.bytes", "socket_request_max_bytes", "INT",
+                    "the largest request accepted"),
+        from_config("log.retention.ms", "log_retention_ms", "LONG", "how long data is kept"),
+        fixed("delete.topic.enable", "true", "BOOLEAN", "topics can be deleted"),
+        fixed("compression.type", "producer", "STRING",
+              "batches are stored compressed as the producer sent them"),
+    ]
+    for name in ("cleanup.policy", "retention.bytes", "message.timestamp.type"):
+        setting = TOPIC_SETTINGS[name]
+        if setting.broker_synonym:
+            entries.append(fixed(setting.broker_synonym, setting.default, setting.type,
+                                 f"default {name} of topics"))
+    return sorted(entries, key=lambda e: e.name)
+
+
+def _broker_entry(name: str, value: str | None, source: int, type_: str,
+                  doc: str) -> ConfigEntry:
+    return ConfigEntry(name, value, source, True, type_, doc, ((name, value, source),))
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    version = ctx.header.api_version
+    result_schema = nested(schema, "DescribeConfigsResult")
+    entry_schema = nested(schema, "DescribeConfigsResourceResult")
+    synonym_schema = nested(schema, "DescribeConfigsSynonym")
+    include_synonyms = bool(request.include_synonyms)
+    include_docs = bool(getattr(request, "include_documentation", False)) and version >= 3
+
+    def encode(entry: ConfigEntry):
+        synonyms = tuple(synonym_schema(name=n, value=v, source=s)
+                         for n, v, s in entry.synonyms) if include_synonyms else ()
+        return build(entry_schema, name=entry.name, value=entry.value,
+                     read_only=entry.read_only, config_source=entry.source,
+                     is_sensitive=False, synonyms=synonyms,
+                     config_type=CONFIG_TYPES.get(entry.type, 0),
+                     documentation=entry.doc if include_docs else None)
+
+    results = []
+    for resource in request.resources:
+        error, message, entries = _describe(node, resource)
+        keys = resource.configuration_keys
+        if keys:  # null or empty: every key, as Kafka does
+            wanted = set(keys)
+            entries = [e for e in entries if e.name in wanted]
+        results.append(build(
+            result_schema, error_code=error, error_message=message,
+            resource_type=resource.resource_type, resource_name=resource.resource_name,
+            configs=tuple(encode(e) for e in entries)))
+    return build(schema, throttle_time=NO_THROTTLE, results=tuple(results))
+
+
+def _describe(node, resource) -> tuple[ErrorCode, str | None, list[ConfigEntry]]:
+    name = resource.resource_name
+    if resource.resource_type == TOPIC:
+        problem = topic_name_error(name)
+        if problem:
+            return ErrorCode.invalid_topic_exception, problem, []
+        topic = node.view.topics.get(name)
+        if topic is None:
+            return (ErrorCode.unknown_topic_or_partition,
+                    f"Topic '{name}' does not exist.", [])
+        return ErrorCode.none, None, topic_config_entries(topic.config)
+    if resource.resource_type == BROKER:
+        if name and name != str(node.node_id):
+            if not name.lstrip("-").isdigit():
+                return (ErrorCode.invalid_request,
+                        f"Broker id must be an integer, but it is: {name}", [])
+            return (ErrorCode.invalid_request,
+                    f"Unexpected broker id, expected {node.node_id} or empty string, "
+                    f"but received {name}", [])
+        return ErrorCode.none, None, broker_config_entries(node)
+    if resource.resource_type == BROKER_LOGGER:
+        return ErrorCode.invalid_request, "broker loggers are not described by Mink", []
+    return (ErrorCode.invalid_request,
+            f"Unsupported resource type: {resource.resource_type}", [])
+

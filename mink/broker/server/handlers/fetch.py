@@ -1,0 +1,106 @@
+"""Fetch: committed batches from the partitions' logs, long-polling on commits until
+`min_bytes` are there or `max_wait` has passed. Fetch sessions are not kept: every answer
+carries session id 0, which clients accept as "full fetch each time"."""
+
+from __future__ import annotations
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from mink.broker.errors import error_for
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.protocol.messages import build, nested, response_schema
+from mink.storage.log import LogError
+
+
+class _Read:
+    __slots__ = ("topic", "request", "located", "error", "records", "size")
+
+    def __init__(self, topic: str, request, located):
+        self.topic = topic
+        self.request = request
+        self.located = located
+        self.error = located.error
+        self.records: list = []
+        self.size = 0
+
+
+async def handle(node, ctx, request):
+    ctx.applied()  # reads change nothing: later requests on the connection may start
+    version = ctx.header.api_version
+    reads = []
+    for topic in request.topics:
+        for p in topic.partitions:
+            located = locate(node, topic.topic, p.partition)
+            read = _Read(topic.topic, p, located)
+            if located.log is not None:
+                read.error = check_leader_epoch(p.current_leader_epoch, located.log)
+            reads.append(read)
+    deadline = trio.current_time() + request.max_wait.total_seconds()
+    while True:
+        total = await _read_all(reads, request.max_bytes)
+        if total >= request.min_bytes or trio.current_time() >= deadline or (
+                any(r.error for r in reads)):
+            break
+        await _wait_for_commit(reads, deadline)
+    return _response(node, version, reads)
+
+
+async def _read_all(reads: list[_Read], max_bytes: int) -> int:
+    total = 0
+    for read in reads:
+        read.records, read.size = [], 0
+        if read.error:
+            continue
+        budget = min(read.request.partition_max_bytes, max_bytes - total)
+        if budget <= 0 and total > 0:
+            continue  # the response is full; the first batch of a fetch is always sent
+        try:
+            read.records = await read.located.log.read(read.request.fetch_offset,
+                                                       max(budget, 1))
+        except LogError as exc:
+            read.error = error_for(exc)
+            continue
+        read.size = sum(len(r) for r in read.records)
+        total += read.size
+    return total
+
+
+async def _wait_for_commit(reads: list[_Read], deadline: float) -> None:
+    woken = trio.Event()
+    logs = [r.located.log for r in reads if r.located.log is not None]
+    for partition_log in logs:
+        partition_log.waiters.add(woken)
+    try:
+        with trio.move_on_at(deadline):
+            await woken.wait()
+    finally:
+        for partition_log in logs:
+            partition_log.waiters.discard(woken)
+
+
+def _response(node, version: int, reads: list[_Read]):
+    schema = response_schema(1, version)
+    partition_schema = nested(schema, "PartitionData")
+    leader_schema = nested(schema, "LeaderIdAndEpoch") if version >= 12 else None
+    topics: dict[str, list] = {}
+    for read in reads:
+        partition_log = read.located.log
+        extra = {}
+        if read.error and leader_schema is not None and read.located.partition is not None:
+            p = read.located.partition
+            if p.leader is not None:
+                extra["current_leader"] = leader_schema(leader_id=p.leader,
+                                                        leader_epoch=p.leader_epoch)
+        high_watermark = partition_log.high_watermark if partition_log is not None else -1
+        topics.setdefault(read.topic, []).append(build(
+            partition_schema, partition_index=read.request.partition, error_code=read.error,
+            high_watermark=high_watermark, last_stable_offset=high_watermark,
+            log_start_offset=partition_log.log_start_offset if partition_log else -1,
+            aborted_transactions=(), preferred_read_replica=-1,
+            records=b"".join(read.records) if read.records else b"", **extra))
+    topic_schema = nested(schema, "FetchableTopicResponse")
+    return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
+                 responses=tuple(topic_schema(topic=name, partitions=tuple(parts))
+                                 for name, parts in topics.items()))

@@ -1,0 +1,40 @@
+"""FindCoordinator: the node coordinating a group (the leader of its partition of
+__consumer_offsets). Transactions are not supported: their coordinator is never found."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.protocol.messages import build, nested, response_schema
+
+GROUP, TRANSACTION = 0, 1
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    version = ctx.header.api_version
+    schema = response_schema(ctx.header.api_key, version)
+    key_type = getattr(request, "key_type", GROUP)
+    if version >= 4:
+        entry = nested(schema, "Coordinator")
+        return build(schema, throttle_time=NO_THROTTLE, coordinators=tuple(
+            build(entry, key=key, **_find(node, key, key_type))
+            for key in request.coordinator_keys))
+    return build(schema, throttle_time=NO_THROTTLE, **_find(node, request.key, key_type))
+
+
+def _find(node, key: str, key_type: int) -> dict:
+    if key_type == TRANSACTION:
+        return _error(ErrorCode.invalid_request, "transactions are not supported")
+    if key_type != GROUP:
+        return _error(ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
+    error, broker = node.groups.coordinator_for(key)
+    if error:
+        return _error(error, "the group's coordinator is not available")
+    return dict(error_code=ErrorCode.none, error_message=None, node_id=broker.node_id,
+                host=broker.host, port=broker.port)
+
+
+def _error(error: ErrorCode, message: str) -> dict:
+    return dict(error_code=error, error_message=message, node_id=-1, host="", port=-1)

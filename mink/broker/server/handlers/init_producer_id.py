@@ -1,0 +1,39 @@
+"""InitProducerId for idempotent producers (no transactional id): a producer id that was
+never used before, at epoch 0; or, when the client names its current id and epoch (v3+,
+KIP-360, how the Java client recovers from OUT_OF_ORDER_SEQUENCE_NUMBER), the next epoch."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.protocol.messages import build, response_schema
+from mink.storage.metadata import MetadataUnavailable
+
+MAX_EPOCH = 32767
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    schema = response_schema(22, ctx.header.api_version)
+
+    def answer(error: ErrorCode, producer_id: int = -1, epoch: int = -1):
+        return build(schema, throttle_time=NO_THROTTLE, error_code=error,
+                     producer_id=producer_id, producer_epoch=epoch)
+
+    if request.transactional_id is not None:
+        # Transactions are not implemented; say so rather than half-serve them.
+        return answer(ErrorCode.transactional_id_authorization_failed)
+    current_id = getattr(request, "producer_id", -1)
+    current_epoch = getattr(request, "producer_epoch", -1)
+    try:
+        if current_id >= 0 and current_epoch >= 0:
+            if not await node.metadata.producer_id_issued(current_id):
+                return answer(ErrorCode.invalid_producer_id_mapping)
+            if current_epoch + 1 < MAX_EPOCH:
+                return answer(ErrorCode.none, current_id, current_epoch + 1)
+        elif current_id >= 0 or current_epoch >= 0:
+            return answer(ErrorCode.invalid_request)
+        return answer(ErrorCode.none, await node.producer_ids.next_id(), 0)
+    except MetadataUnavailable:
+        return answer(ErrorCode.coordinator_not_available)

@@ -1,0 +1,55 @@
+"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3, v7+) or the first offset at
+or after a timestamp."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.protocol.messages import build, nested, response_schema
+from mink.storage.metadata import MetadataUnavailable
+
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    schema = response_schema(2, ctx.header.api_version)
+    partition_schema = nested(schema, "ListOffsetsPartitionResponse")
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for p in topic.partitions:
+            error, offset, timestamp, epoch = await _list_offset(node, topic.name, p)
+            partitions.append(build(
+                partition_schema, partition_index=p.partition_index, error_code=error,
+                timestamp=timestamp, offset=offset, leader_epoch=epoch))
+        topics.append(build(nested(schema, "ListOffsetsTopicResponse"), name=topic.name,
+                            partitions=tuple(partitions)))
+    return build(schema, throttle_time=NO_THROTTLE, topics=tuple(topics))
+
+
+async def _list_offset(node, name: str, p) -> tuple[ErrorCode, int, int, int]:
+    located = locate(node, name, p.partition_index, still_opening=ErrorCode.leader_not_available)
+    log = located.log
+    if log is None:
+        return located.error, -1, -1, -1
+    error = check_leader_epoch(getattr(p, "current_leader_epoch", -1), log)
+    if error:
+        return error, -1, -1, -1
+    if p.timestamp == LATEST:
+        return ErrorCode.none, log.high_watermark, -1, log.leader_epoch
+    if p.timestamp == EARLIEST:
+        return ErrorCode.none, log.log_start_offset, -1, log.leader_epoch
+    try:
+        if p.timestamp == MAX_TIMESTAMP:
+            found = await log.max_timestamp_offset()
+        else:
+            found = await log.offset_for_timestamp(p.timestamp)
+    except MetadataUnavailable:
+        return ErrorCode.kafka_storage_error, -1, -1, -1
+    if found is None:
+        return ErrorCode.none, -1, -1, -1
+    offset, timestamp, epoch = found
+    return ErrorCode.none, offset, timestamp, epoch

@@ -1,0 +1,193 @@
+"""Produce: validate each partition's batch, append it to the WAL in arrival order, and
+answer once it is in the object store and committed (acks=1 and acks=all alike)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from mink.broker.server.connection import CloseConnection
+from mink.broker.errors import error_for
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.topic_config import topic_setting
+from mink.protocol.messages import build, nested, response_schema
+from mink.protocol.records import BatchError, parse_produce_records, set_log_append_time
+from mink.protocol.topics import INTERNAL_TOPICS
+from mink.storage.log import DuplicateBatch, LogError
+from mink.storage.producer_state import ProducerAppend
+
+
+class _PartitionResult:
+    __slots__ = ("index", "error", "pending", "base_offset", "log_append_time",
+                 "log_start_offset", "leader", "message")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.error = ErrorCode.none
+        self.pending = None
+        self.base_offset = -1
+        self.log_append_time = None
+        self.log_start_offset = -1
+        self.leader = None
+        self.message = None
+
+
+async def handle(node, ctx, request):
+    version = ctx.header.api_version
+
+    def refuse_all(error: ErrorCode, message: str | None = None):
+        results = {t.name: [_refused(p.index, error, message) for p in t.partition_data]
+                   for t in request.topic_data}
+        ctx.applied()
+        if request.acks == 0:
+            raise CloseConnection(message or error.name)
+        return _response(node, version, results)
+
+    if request.acks not in (-1, 0, 1):
+        return refuse_all(ErrorCode.invalid_required_acks)
+    if request.transactional_id is not None:
+        # Transactions are not implemented: refuse them clearly rather than half-way.
+        return refuse_all(ErrorCode.transactional_id_authorization_failed,
+                          "transactions are not supported")
+    deadline = trio.current_time() + request.timeout.total_seconds()
+    if node.config.auto_create_topics_enable:
+        await node.auto_create_topics([t.name for t in request.topic_data
+                                       if t.name not in node.view.topics])
+    streams = node.streams
+    if streams is None:
+        return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
+    try:
+        with trio.fail_at(deadline):
+            await streams.wal.wait_for_room()
+    except trio.TooSlowError:
+        return refuse_all(ErrorCode.request_timed_out, "the WAL stayed full")
+    except LogError as exc:
+        return refuse_all(error_for(exc), str(exc))
+    # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
+    results = {t.name: [_append(node, t.name, p, version) for p in t.partition_data]
+               for t in request.topic_data}
+    ctx.applied()
+
+    if request.acks == 0:
+        if any(r.error for rs in results.values() for r in rs):
+            raise CloseConnection("acks=0 produce failed; the client must refresh metadata")
+        return None
+    for partition_results in results.values():
+        for result in partition_results:
+            if result.pending is not None:
+                timeout = max(0.0, deadline - trio.current_time())
+                try:
+                    if isinstance(result.pending, DuplicateBatch):
+                        result.base_offset = await result.pending.base_offset(timeout)
+                    else:
+                        result.base_offset = await result.pending.wait(timeout)
+                except LogError as exc:
+                    result.error = error_for(exc)
+                    result.message = str(exc)
+    return _response(node, version, results)
+
+
+def _refused(index: int, error: ErrorCode, message: str | None = None) -> _PartitionResult:
+    result = _PartitionResult(index)
+    result.error = error
+    result.message = message
+    return result
+
+
+def _append(node, name: str, data, version: int) -> _PartitionResult:
+    topic = node.view.topics.get(name)
+    if topic is None or not 0 <= data.index < len(topic.partitions):
+        return _refused(data.index, ErrorCode.unknown_topic_or_partition)
+    if name in INTERNAL_TOPICS:
+        return _refused(data.index, ErrorCode.invalid_topic_exception,
+                        f"{name} is internal: clients cannot produce to it")
+    partition_log = node.leader_log(topic, data.index)
+    if partition_log is None:
+        result = _refused(data.index, ErrorCode.not_leader_or_follower)
+        result.leader = topic.partitions[data.index]
+        return result
+    if not data.records:
+        return _refused(data.index, ErrorCode.invalid_record, "no record batch")
+    try:
+        header, batch = parse_produce_records(data.records, version)
+    except BatchError as exc:
+        return _refused(data.index, ErrorCode(exc.error_code), str(exc))
+    if header.size > topic_setting(topic.config, "max.message.bytes"):
+        return _refused(data.index, ErrorCode.message_too_large,
+                        f"batch of {header.size} bytes is over max.message.bytes")
+    records = bytearray(batch)
+    result = _PartitionResult(data.index)
+    max_timestamp = header.max_timestamp
+    log_append_time = topic_setting(topic.config, "message.timestamp.type") == "LogAppendTime"
+    if not log_append_time and (error := _timestamp_error(topic.config, header)):
+        return _refused(data.index, ErrorCode.invalid_timestamp, error)
+    if log_append_time:
+        now_ms = int(time.time() * 1000)
+        set_log_append_time(records, 0, now_ms)
+        max_timestamp = now_ms
+        result.log_append_time = datetime.datetime.fromtimestamp(now_ms / 1000,
+                                                                  datetime.timezone.utc)
+    producer = None
+    if header.producer_id >= 0:
+        producer = ProducerAppend(header.producer_id, header.producer_epoch,
+                                  header.base_sequence, header.last_sequence)
+    try:
+        result.pending = partition_log.append(records, [header.records_count], max_timestamp,
+                                              producer)
+    except DuplicateBatch as exc:
+        # A retry of a batch already written (or still in flight): its original offset,
+        # nothing written again.
+        result.pending = exc
+    except LogError as exc:
+        return _refused(data.index, error_for(exc), str(exc))
+    result.log_start_offset = partition_log.log_start_offset
+    return result
+
+
+def _timestamp_error(config: dict, header) -> str | None:
+    """Kafka's message.timestamp.before/after.max.ms for CreateTime topics, checked on the
+    batch's first and largest timestamps."""
+    before = topic_setting(config, "message.timestamp.before.max.ms")
+    after = topic_setting(config, "message.timestamp.after.max.ms")
+    if before >= 2**63 - 1 and after >= 2**63 - 1:
+        return None
+    now_ms = int(time.time() * 1000)
+    for timestamp in (header.base_timestamp, header.max_timestamp):
+        if timestamp < now_ms - before or timestamp > now_ms + after:
+            return (f"timestamp {timestamp} is outside [{now_ms - before}, {now_ms + after}] "
+                    "(message.timestamp.before.max.ms / after.max.ms)")
+    return None
+
+
+def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
+    schema = response_schema(0, version)
+    topic_schema = nested(schema, "TopicProduceResponse")
+    partition_schema = nested(schema, "PartitionProduceResponse")
+    leader_schema = nested(schema, "LeaderIdAndEpoch") if version >= 10 else None
+    leaders: set[int] = set()
+    topics = []
+    for name, partition_results in results.items():
+        partitions = []
+        for r in partition_results:
+            base_offset = r.base_offset if not r.error else -1
+            extra = {}
+            if leader_schema is not None and r.leader is not None and r.leader.leader is not None:
+                extra["current_leader"] = leader_schema(leader_id=r.leader.leader,
+                                                        leader_epoch=r.leader.leader_epoch)
+                leaders.add(r.leader.leader)
+            partitions.append(build(
+                partition_schema, index=r.index, error_code=r.error, base_offset=base_offset,
+                log_append_time=r.log_append_time if not r.error else None,
+                log_start_offset=r.log_start_offset, record_errors=(),
+                error_message=r.message if r.error else None, **extra))
+        topics.append(topic_schema(name=name, partition_responses=tuple(partitions)))
+    endpoints = ()
+    if version >= 10 and leaders:
+        endpoint_schema = nested(schema, "NodeEndpoint")
+        endpoints = tuple(endpoint_schema(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+                          for b in (node.view.brokers.get(i) for i in sorted(leaders)) if b)
+    return build(schema, responses=tuple(topics), throttle_time=NO_THROTTLE,
+                 node_endpoints=endpoints)

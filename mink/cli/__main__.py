@@ -1,0 +1,5 @@
+import sys
+
+from mink.cli.main import main
+
+sys.exit(main())

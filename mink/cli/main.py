@@ -1,0 +1,64 @@
+"""The `mink` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import mink
+from mink.broker.config import ConfigError, load_config
+from mink.cli import cluster, dev, serve, topics
+
+
+def _node_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML file with node settings")
+    parser.add_argument("--node-id", type=int)
+    parser.add_argument("--listener", metavar="HOST:PORT")
+    parser.add_argument("--advertised-listener", metavar="HOST:PORT")
+    parser.add_argument("--postgres-url", metavar="URL")
+    parser.add_argument("--object-store", metavar="URL",
+                        help="s3://bucket/prefix, file:///path or memory://")
+    parser.add_argument("--log-level")
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    names = ("node_id", "listener", "advertised_listener", "postgres_url", "object_store",
+             "log_level")
+    return {name: getattr(args, name, None) for name in names}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mink", description="A Kafka-compatible broker.")
+    parser.add_argument("--version", action="version", version=f"mink {mink.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    dev_parser = commands.add_parser("dev",
+                                     help="one node with embedded PostgreSQL and a local store")
+    _node_flags(dev_parser)
+    dev_parser.add_argument("--data-dir", default=".mink",
+                            help="where PostgreSQL and the data live")
+
+    serve_parser = commands.add_parser("serve", help="one node of a cluster")
+    _node_flags(serve_parser)
+
+    topics.add_parser(commands)
+    cluster.add_parser(commands)
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "dev":
+            return dev.run_dev(args, _overrides(args))
+        if args.command == "serve":
+            return serve.run_serve(load_config(args.config, overrides=_overrides(args)))
+        if args.command == "topics":
+            return topics.run(args)
+        if args.command == "cluster":
+            return cluster.run(args)
+    except ConfigError as exc:
+        print(f"mink: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
