@@ -263,7 +263,7 @@ def test_postgres_outages_short_and_long(cluster, pg_server):
 
 
 def test_background_leases_are_shared(cluster):
-    from mink.broker.leases import preference
+    from mink.broker.cluster.leases import preference
 
     start_three(cluster)
     create_topic(cluster.bootstrap, "leased", 6)

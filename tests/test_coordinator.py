@@ -3,7 +3,7 @@
 import uuid
 from collections import Counter
 
-from mink.broker.coordinator import plan_orphan_moves, plan_rebalance
+from mink.broker.cluster.coordinator import plan_orphan_moves, plan_rebalance
 from mink.storage import metadata as md
 
 
@@ -53,7 +53,7 @@ def test_a_balanced_cluster_moves_nothing():
 async def test_garbage_collection_deletes_objects_of_deleted_topics(pg_url, aio_loop, nursery):
     from types import SimpleNamespace
 
-    from mink.broker.coordinator import ClusterCoordinator
+    from mink.broker.cluster.coordinator import ClusterCoordinator
     from mink.storage.metadata import MetadataStore
     from mink.storage.objectstore import open_object_store
     from tests.test_wal import Node, append, make_topic

@@ -16,14 +16,14 @@ import trio
 import trio_asyncio
 
 from mink.broker.config import Config
-from mink.broker.coordinator import ClusterCoordinator, NotCoordinator
+from mink.broker.cluster.coordinator import ClusterCoordinator, NotCoordinator
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.groups.coordinator import GroupCoordinator
-from mink.broker.leases import BackgroundLeases
-from mink.broker.producer_ids import ProducerIdBlock
+from mink.broker.cluster.leases import BackgroundLeases
+from mink.broker.transactions.producer_ids import ProducerIdBlock
 from mink.broker.server.listener import serve_kafka
-from mink.broker.topic_config import validate_topic_config
-from mink.broker.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from mink.broker.topics.config import validate_topic_config
+from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from mink.protocol.topics import topic_name_error
 from mink.storage import metadata as md
 from mink.storage.log import PartitionLog

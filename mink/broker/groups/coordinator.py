@@ -31,7 +31,7 @@ from typing import Any
 import trio
 from kio.schema.errors import ErrorCode
 
-from mink.broker.coordinator import NotCoordinator as NotClusterCoordinator
+from mink.broker.cluster.coordinator import NotCoordinator as NotClusterCoordinator
 from mink.broker.groups.state import (
     UNKNOWN_MEMBER_ID,
     Group,

@@ -8,7 +8,7 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.coordinator import NotCoordinator
+from mink.broker.cluster.coordinator import NotCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.create_topics import (

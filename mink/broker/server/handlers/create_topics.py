@@ -17,8 +17,8 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.describe_configs import topic_config_entries
-from mink.broker.topic_config import TOPIC_SETTINGS, InvalidConfig, validate_topic_config
-from mink.broker.coordinator import NotCoordinator
+from mink.broker.topics.config import TOPIC_SETTINGS, InvalidConfig, validate_topic_config
+from mink.broker.cluster.coordinator import NotCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error

@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.config import Config
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.topic_config import TOPIC_SETTINGS
+from mink.broker.topics.config import TOPIC_SETTINGS
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 from kio.schema.errors import ErrorCode
 
-from mink.broker.errors import error_for
+from mink.broker.server.errors import error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate
 from mink.protocol.messages import build, nested, response_schema

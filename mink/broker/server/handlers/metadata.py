@@ -10,7 +10,7 @@ import uuid
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.view import ClusterView, TopicInfo
+from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.protocol.messages import build, encode_body, nested, response_schema
 from mink.protocol.topics import INTERNAL_TOPICS, topic_name_error
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.view import PartitionInfo, TopicInfo
+from mink.broker.cluster.view import PartitionInfo, TopicInfo
 from mink.storage.log import PartitionLog
 
 

@@ -10,9 +10,9 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.connection import CloseConnection
-from mink.broker.errors import error_for
+from mink.broker.server.errors import error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.topic_config import topic_setting
+from mink.broker.topics.config import topic_setting
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.records import BatchError, parse_produce_records, set_log_append_time
 from mink.protocol.topics import INTERNAL_TOPICS
