@@ -16,7 +16,7 @@ import math
 import struct
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
@@ -30,8 +30,6 @@ from mink.storage.producer_state import (
     ProducerStateManager,
 )
 
-if TYPE_CHECKING:
-    from mink.storage.wal import WalWriter
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +119,19 @@ class Chunk:
     data: bytes | memoryview
 
 
+class WalBuffer(Protocol):
+    """What a partition log needs of the WAL writer (`mink.storage.wal.WalWriter`): a
+    synchronous add of an append's batches to the open WAL buffer. The writer imports this
+    module, never the other way round."""
+
+    def add(self, log_: PartitionLog, pending: PendingAppend, data: bytearray,
+            max_timestamp: int, batch_count: int,
+            producer_states: list[ProducerStateUpdate]) -> None: ...
+
+
 class PartitionLog:
     def __init__(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
-                 committed_end: int, log_start_offset: int, wal: WalWriter,
+                 committed_end: int, log_start_offset: int, wal: WalBuffer,
                  caches: ReadCaches) -> None:
         self.topic_id = topic_id
         self.partition = partition

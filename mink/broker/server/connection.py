@@ -25,14 +25,12 @@ from mink.protocol.messages import (
     peek_header,
 )
 
+from mink.broker.server.errors import CloseConnection
+
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64  # requests read ahead of their responses on one connection
 RECEIVE_BYTES = 256 * 1024
-
-
-class CloseConnection(Exception):
-    """Raised by a handler when Kafka would close the connection (e.g. a failed acks=0 Produce)."""
 
 
 class RequestContext:

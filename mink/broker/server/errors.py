@@ -1,4 +1,5 @@
-"""Storage errors as the Kafka error codes clients act on."""
+"""Errors at the Kafka listener: storage errors as the Kafka error codes clients act on, and
+the one exception a handler raises to close its connection."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from mink.storage.log import (
     OutOfOrderSequence,
     StorageUnavailable,
 )
+
+
+class CloseConnection(Exception):
+    """Raised by a handler when Kafka would close the connection (e.g. a failed acks=0
+    Produce)."""
 
 
 def error_for(exc: LogError) -> ErrorCode:

@@ -9,8 +9,7 @@ import time
 import trio
 from kio.schema.errors import ErrorCode
 
-from mink.broker.server.connection import CloseConnection
-from mink.broker.server.errors import error_for
+from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.config import topic_setting
 from mink.protocol.messages import build, nested, response_schema

@@ -1,0 +1,1 @@
+"""Room for the user test harness (pytest plugin, trio API, fault hooks)."""
