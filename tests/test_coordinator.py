@@ -1,53 +1,5 @@
-"""The coordinator's plans (seed 000, "Assignment"), without a cluster."""
-
-import uuid
-from collections import Counter
-
-from mink.broker.cluster.coordinator import plan_orphan_moves, plan_rebalance
-from mink.storage import metadata as md
-
-
-def make_view(leaders: list[int | None], live: list[int]) -> md.View:
-    partitions = [md.PartitionInfo(i, leader, 3, "open", leader, 1, 3)
-                  for i, leader in enumerate(leaders)]
-    return md.View(version=1, cluster_id="c", coordinator=live[0],
-                   nodes=[md.NodeInfo(n, 1, "h", 9000 + n, None, None) for n in live],
-                   topics=[md.TopicView(uuid.uuid4(), "t", {}, partitions)])
-
-
-def loads_after(view: md.View, moves) -> Counter:
-    leaders = {p.partition: p.leader_node for p in view.topics[0].partitions}
-    for _, partition, target, expected_epoch in moves:
-        assert expected_epoch == 3, "each move names the epoch it replaces"
-        leaders[partition] = target
-    return Counter(leaders.values())
-
-
-def test_orphans_go_to_the_least_loaded_lowest_id_first():
-    view = make_view([1, 1, 2, 9, 9, 9], live=[1, 2, 3])
-    moves = plan_orphan_moves(view)
-    assert [target for _, _, target, _ in moves] == [3, 2, 3]  # loads updated after each move
-    assert loads_after(view, moves) == {1: 2, 2: 2, 3: 2}
-
-
-def test_a_joining_node_gets_nothing_until_a_rebalance():
-    view = make_view([1, 2, 3] * 4, live=[1, 2, 3, 4])
-    assert plan_orphan_moves(view) == []
-    after = loads_after(view, plan_rebalance(view))
-    assert after == {1: 3, 2: 3, 3: 3, 4: 3}
-
-
-def test_rebalance_ends_inside_the_band_and_moves_orphans_first():
-    view = make_view([1] * 54 + [2] * 4 + [3] * 4 + [None] * 2, live=[1, 2, 3, 4])
-    moves = plan_rebalance(view)
-    assert moves[0][1] in (62, 63) and moves[1][1] in (62, 63), "orphans first"
-    after = loads_after(view, moves)
-    mean = 64 / 4
-    assert all(0.9 * mean <= after[n] <= 1.1 * mean for n in (1, 2, 3, 4)), after
-
-
-def test_a_balanced_cluster_moves_nothing():
-    assert plan_rebalance(make_view([1, 2, 3, 4] * 3, live=[1, 2, 3, 4])) == []
+"""The cluster coordinator's lifecycle loop (garbage collection). Its plans are tested
+table by table in tests/test_cluster_rules.py."""
 
 
 async def test_garbage_collection_deletes_objects_of_deleted_topics(pg_url, aio_loop, nursery):

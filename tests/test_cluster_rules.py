@@ -1,0 +1,123 @@
+"""Seed 000's rule tables as table-driven tests of the pure functions that implement them:
+"Opening a bucket" (`plan_open`) and "Assignment" (`plan_orphan_moves`, `plan_rebalance`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import pytest
+
+from mink.broker.cluster.coordinator import plan_orphan_moves, plan_rebalance
+from mink.broker.cluster.sync import HELD_BY, OpenPlan, StreamInView, plan_open
+from mink.storage import metadata as md
+
+ME, MY_EPOCH = 1, 7
+GRACE = 2.0
+
+
+def stream(open_: bool, by: int | None, by_epoch: int | None, opened_at: int | None,
+           leader_epoch: int = 5) -> StreamInView:
+    return StreamInView(leader_epoch=leader_epoch, stream_open=open_, opened_by_node=by,
+                        opened_by_epoch=by_epoch, open_leader_epoch=opened_at)
+
+
+# (case, stream state, live nodes -> epoch, seconds held so far, plan)
+OPENING_A_BUCKET = [
+    ("opened by another live node: HeldBy",
+     stream(True, 2, 3, 4), {1: 7, 2: 3}, 0.0, HELD_BY),
+    ("opened by another live node, still within the grace",
+     stream(True, 2, 3, 4), {1: 7, 2: 3}, GRACE - 0.1, HELD_BY),
+    ("opened by another live node, grace elapsed: open anyway (the epoch fences)",
+     stream(True, 2, 3, 4), {1: 7, 2: 3}, GRACE, OpenPlan()),
+    ("opened by a dead node: fence it, then open at the view's epoch",
+     stream(True, 2, 3, 4), {1: 7}, 0.0, OpenPlan(fence=(2, 3))),
+    ("opened by a dead node at the current leader epoch: fence it and take a fresh epoch",
+     stream(True, 2, 3, 5), {1: 7}, 0.0, OpenPlan(fence=(2, 3), fresh_epoch=True)),
+    ("opened by an earlier incarnation of a live node: that incarnation is dead",
+     stream(True, 2, 3, 4), {1: 7, 2: 4}, 0.0, OpenPlan(fence=(2, 3))),
+    ("opened by this node's own earlier epoch: dead, nothing to fence",
+     stream(True, ME, MY_EPOCH - 1, 4), {1: 7}, 0.0, OpenPlan()),
+    ("own earlier epoch at the current leader epoch: this node restarted, fresh epoch",
+     stream(True, ME, MY_EPOCH - 1, 5), {1: 7}, 0.0, OpenPlan(fresh_epoch=True)),
+    ("closed at the current leader epoch: this node restarted, fresh epoch, then open",
+     stream(False, ME, MY_EPOCH - 1, 5), {1: 7}, 0.0, OpenPlan(fresh_epoch=True)),
+    ("closed at an older epoch: open at the leader epoch of the view",
+     stream(False, 2, 3, 4), {1: 7, 2: 3}, 0.0, OpenPlan()),
+    ("never opened: open at the leader epoch of the view",
+     stream(False, None, None, None), {1: 7}, 0.0, OpenPlan()),
+    ("open by this very incarnation at this epoch (its log was closed): fresh epoch",
+     stream(True, ME, MY_EPOCH, 5), {1: 7}, 0.0, OpenPlan(fresh_epoch=True)),
+]
+
+
+@pytest.mark.parametrize("case, state, live, held_for, plan", OPENING_A_BUCKET,
+                         ids=[row[0] for row in OPENING_A_BUCKET])
+def test_opening_a_bucket(case, state, live, held_for, plan):
+    assert plan_open(state, ME, MY_EPOCH, live, held_for, GRACE) == plan
+
+
+def make_view(leaders: list[int | None], live: list[int]) -> md.View:
+    partitions = [md.PartitionInfo(i, leader, 3, "open", leader, 1, 3)
+                  for i, leader in enumerate(leaders)]
+    return md.View(version=1, cluster_id="c", coordinator=live[0],
+                   nodes=[md.NodeInfo(n, 1, "h", 9000 + n, None, None) for n in live],
+                   topics=[md.TopicView(uuid.uuid4(), "t", {}, partitions)])
+
+
+def targets(moves) -> list[tuple[int, int]]:
+    return [(partition, target) for _, partition, target, _ in moves]
+
+
+# (event, leaders by partition (None: never led), live nodes, planner, expected moves)
+ASSIGNMENT = [
+    ("node stops heartbeating: its partitions to the least loaded, lowest id on ties",
+     [1, 1, 2, 9, 9, 9], [1, 2, 3], plan_orphan_moves, [(3, 3), (4, 2), (5, 3)]),
+    ("orphans with an empty node: it takes one, then ties go to the lowest id",
+     [1, 2, 9, 9], [1, 2, 3], plan_orphan_moves, [(2, 3), (3, 1)]),
+    ("node joins: nothing moves by itself",
+     [1, 2, 3] * 2, [1, 2, 3, 4], plan_orphan_moves, []),
+    ("no live node: nothing can move",
+     [1, 2], [], plan_orphan_moves, []),
+    ("rebalance: orphans first, then from above 110% to below 90%",
+     [1, 1, 1, 1, 2, 9], [1, 2, 3], plan_rebalance, [(5, 3), (3, 2), (2, 3)]),
+    ("rebalance of a balanced cluster moves nothing",
+     [1, 2, 3, 4] * 3, [1, 2, 3, 4], plan_rebalance, []),
+    ("rebalance never moves a partition that would only swap the imbalance",
+     [1, 1, 2], [1, 2], plan_rebalance, []),
+]
+
+
+@pytest.mark.parametrize("event, leaders, live, planner, expected", ASSIGNMENT,
+                         ids=[row[0] for row in ASSIGNMENT])
+def test_assignment(event, leaders, live, planner, expected):
+    if not live:
+        view = md.View(version=1, cluster_id="c", coordinator=None, nodes=[],
+                       topics=[md.TopicView(uuid.uuid4(), "t", {}, [
+                           md.PartitionInfo(i, leader, 3, "open", leader, 1, 3)
+                           for i, leader in enumerate(leaders)])])
+    else:
+        view = make_view(leaders, live)
+    moves = planner(view)
+    assert targets(moves) == expected
+    assert all(epoch == 3 for *_, epoch in moves), "each move names the epoch it replaces"
+
+
+def loads_after(view: md.View, moves) -> Counter:
+    leaders = {p.partition: p.leader_node for p in view.topics[0].partitions}
+    for _, partition, target, _ in moves:
+        leaders[partition] = target
+    return Counter(leaders.values())
+
+
+def test_a_joining_node_gets_its_share_at_a_rebalance():
+    view = make_view([1, 2, 3] * 4, live=[1, 2, 3, 4])
+    assert loads_after(view, plan_rebalance(view)) == {1: 3, 2: 3, 3: 3, 4: 3}
+
+
+def test_rebalance_ends_inside_the_band():
+    view = make_view([1] * 54 + [2] * 4 + [3] * 4 + [None] * 2, live=[1, 2, 3, 4])
+    moves = plan_rebalance(view)
+    assert {moves[0][1], moves[1][1]} == {62, 63}, "orphans first"
+    loads = loads_after(view, moves)
+    assert all(0.9 * 16 <= loads[n] <= 1.1 * 16 for n in (1, 2, 3, 4)), loads
