@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +19,12 @@ _db_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
+def pg_server() -> Iterator[EmbeddedPostgres]:
+    # Not under pytest's temporary root: every pytest session that starts resets that root
+    # to mode 0700, which locks PostgreSQL's own user (as root, the server runs as
+    # `pgserver`) out of the data folder of any other session still running.
+    root = Path(tempfile.mkdtemp(prefix="mink-test-pg-"))
+    server = EmbeddedPostgres(root / "data", durable=False)
     server.start()
     try:
         from mink.storage.migrate import migrate_sync
@@ -30,6 +36,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
     finally:
         if server.running():
             server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
