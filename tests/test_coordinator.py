@@ -54,11 +54,11 @@ async def test_garbage_collection_deletes_objects_of_deleted_topics(pg_url, aio_
     from types import SimpleNamespace
 
     from mink.broker.coordinator import ClusterCoordinator
-    from mink.storage.metadata import MetadataStore
+    from tests.support.metadata import ToolMetadataStore
     from mink.storage.objectstore import open_object_store
     from tests.test_wal import Node, append, make_topic
 
-    metadata = await MetadataStore.open(pg_url)
+    metadata = await ToolMetadataStore.open(pg_url)
     try:
         objects = open_object_store("memory://")
         doomed = await make_topic(metadata, 1, name="doomed")

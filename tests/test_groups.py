@@ -31,6 +31,7 @@ from mink.storage.groups import (
     StoredMember,
     StoredOffset,
 )
+from tests.support.metadata import ToolMetadataStore
 from mink.storage.metadata import MetadataStore
 from tests.support.nodes import node_config, require_tool, start_node
 from tests.test_interop import confluent_produce
@@ -960,7 +961,7 @@ async def test_deadlines_fire_in_order_and_on_time():
 
 
 async def test_group_writes_are_fenced_by_the_partition_leader_epoch(pg_url, aio_loop):
-    store = await MetadataStore.open(pg_url)
+    store = await ToolMetadataStore.open(pg_url)
     try:
         node_epoch = await store.register_node(1, "127.0.0.1", 9092, ttl_s=30)
         topic = await store.create_topic("__consumer_offsets", 2, {}, [1, 1])

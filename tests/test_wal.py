@@ -8,6 +8,7 @@ import trio
 
 from mink.protocol.records import Record, build_batch, iter_batches, iter_records
 from mink.storage.log import AppendInDoubt, NotLeader, StorageUnavailable
+from tests.support.metadata import ToolMetadataStore
 from mink.storage.metadata import MetadataStore, OutcomeUnknown
 from mink.storage.objectstore import ObjectStoreUnavailable, open_object_store
 from mink.storage.objectstore.testing import FaultyObjectStore
@@ -33,7 +34,7 @@ async def objects(request, tmp_path, aio_loop):
 
 @pytest.fixture
 async def metadata(pg_url, aio_loop):
-    store = await MetadataStore.open(pg_url)
+    store = await ToolMetadataStore.open(pg_url)
     yield store
     with trio.CancelScope(shield=True):
         await store.aclose()

@@ -134,8 +134,11 @@ class Node:
             if p.open_leader_epoch == leader_epoch and self._still(streams):
                 # Opened before at this very epoch (by this node before a restart, or by the
                 # node just fenced): a fresh leader epoch tells clients the log may differ.
-                leader_epoch = await self.metadata.lead_partition(
-                    topic.topic_id, p.index, self.node_id, expected_leader_epoch=leader_epoch)
+                # Its own fenced operation (node epoch, leadership, expected leader epoch),
+                # not a coordinator action: no coordinator action runs without its epoch.
+                leader_epoch = await self.metadata.relead_own_partition(
+                    topic.topic_id, p.index, self.node_id, self.node_epoch,
+                    expected_leader_epoch=leader_epoch)
             if not self._still(streams):
                 return None  # this node stopped leading meanwhile
             return await streams.open(topic.topic_id, p.index, leader_epoch)

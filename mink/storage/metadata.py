@@ -332,6 +332,8 @@ SELECT json_build_object(
   FROM cluster AS c"""
 
 SQL_LEAD_PARTITION = "SELECT mink_lead_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"
+SQL_RELEAD_OWN_PARTITION = """
+SELECT mink_relead_own_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"""
 SQL_LEAD_PARTITIONS = """
 SELECT mink_lead_partition(m.topic_id, m.partition, m.node, %s::bigint, m.expected)
   FROM unnest(%s::uuid[], %s::int[], %s::int[], %s::int[])
@@ -868,10 +870,23 @@ class MetadataStore:
                              expected_leader_epoch: int | None = None) -> int:
         """LeadBucket: node_id leads the partition at the returned (new) leader epoch.
         StaleEpoch('stale_coordinator_epoch') unless coordinator_epoch is the live
-        coordinator lease's epoch (None: not checked); StaleEpoch('leader_epoch_changed') if
+        coordinator lease's epoch (None is refused: StaleEpoch('missing_coordinator_epoch'),
+        no coordinator action runs unfenced); StaleEpoch('leader_epoch_changed') if
         expected_leader_epoch is given and is not the current one; UnknownTopic."""
         row = await self._one(WRITE, SQL_LEAD_PARTITION, (
             topic_id, partition, node_id, coordinator_epoch, expected_leader_epoch))
+        assert row is not None
+        return row[0]
+
+    async def relead_own_partition(self, topic_id: uuid.UUID, partition: int, node_id: int,
+                                   node_epoch: int, *, expected_leader_epoch: int) -> int:
+        """The partition's leader takes a fresh leader epoch for itself (it restarted, or the
+        node it took over from had opened the stream at this epoch). Not a coordinator action:
+        fenced by the node epoch (StaleEpoch('stale_node_epoch') unless current and live), by
+        leadership (NotLeader) and by the expected leader epoch
+        (StaleEpoch('leader_epoch_changed')). Returns the new leader epoch."""
+        row = await self._one(WRITE, SQL_RELEAD_OWN_PARTITION, (
+            topic_id, partition, node_id, node_epoch, expected_leader_epoch))
         assert row is not None
         return row[0]
 

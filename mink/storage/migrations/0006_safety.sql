@@ -1,0 +1,62 @@
+-- Safety under PostgreSQL faults (issue 11).
+
+-- No coordinator action runs unfenced: a missing coordinator epoch is an error, not "unchecked"
+-- (a coordinator that lost its lease while it awaited passed NULL and moved partitions).
+CREATE OR REPLACE FUNCTION mink_check_coordinator(p_coordinator_epoch bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_coordinator_epoch IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK001', MESSAGE = 'missing_coordinator_epoch';
+    END IF;
+    PERFORM 1 FROM leases
+     WHERE scope = 'coordinator' AND epoch = p_coordinator_epoch AND expires_at > now()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK001', MESSAGE = 'stale_coordinator_epoch';
+    END IF;
+END $$;
+
+-- A leader re-leads its own partition at a fresh leader epoch (it restarted, or took over from a
+-- fenced node that had opened it at this epoch). Not a coordinator action: fenced by the
+-- caller's node epoch (current and live, FOR SHARE: no fence or registration can pass it while
+-- this runs), by the partition being led by the caller, and by the leader epoch it expects.
+CREATE FUNCTION mink_relead_own_partition(p_topic_id uuid, p_partition integer, p_node integer,
+                                          p_node_epoch bigint, p_expected_leader_epoch integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    p partitions;
+BEGIN
+    IF p_node_epoch IS NULL OR p_expected_leader_epoch IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK001', MESSAGE = 'missing_epoch';
+    END IF;
+    PERFORM 1 FROM nodes
+     WHERE node_id = p_node AND epoch = p_node_epoch AND expires_at > now()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK001', MESSAGE = 'stale_node_epoch';
+    END IF;
+    SELECT * INTO p FROM partitions
+     WHERE topic_id = p_topic_id AND partition = p_partition FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK003',
+            MESSAGE = format('unknown partition %s/%s', p_topic_id, p_partition);
+    END IF;
+    IF p.leader_node IS DISTINCT FROM p_node THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK002', MESSAGE = 'not_leader',
+            DETAIL = jsonb_build_object('leader_node', p.leader_node,
+                                        'leader_epoch', p.leader_epoch)::text;
+    END IF;
+    IF p.leader_epoch <> p_expected_leader_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK001', MESSAGE = 'leader_epoch_changed';
+    END IF;
+
+    UPDATE partitions SET leader_epoch = leader_epoch + 1
+     WHERE topic_id = p_topic_id AND partition = p_partition
+    RETURNING leader_epoch INTO p.leader_epoch;
+
+    PERFORM mink_log_change('leader_changed', jsonb_build_object(
+        'topic_id', p_topic_id, 'partition', p_partition, 'leader', p_node,
+        'leader_epoch', p.leader_epoch, 'previous_leader', p_node));
+    RETURN p.leader_epoch;
+END $$;

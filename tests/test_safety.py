@@ -1,0 +1,136 @@
+"""Safety under PostgreSQL faults (issue 11): each test drives a real fault (a TCP proxy between
+the node and PostgreSQL that stalls, cuts or drops replies; PostgreSQL stopped) and checks
+the promise the fault used to break."""
+
+from __future__ import annotations
+
+import urllib.parse
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from mink.broker.coordinator import ClusterCoordinator
+from mink.storage.metadata import MetadataStore, StaleEpoch
+from mink.testing.proxy import TcpProxy
+
+
+def via_proxy(pg_url: str, proxy: TcpProxy) -> str:
+    """The same database URL, through the proxy."""
+    parts = urllib.parse.urlsplit(pg_url)
+    netloc = parts.netloc.rsplit("@", 1)
+    host, port = proxy.address
+    address = f"{host}:{port}"
+    netloc = f"{netloc[0]}@{address}" if len(netloc) == 2 else address
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def pg_address(pg_url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(pg_url)
+    return parts.hostname or "127.0.0.1", parts.port or 5432
+
+
+@pytest.fixture
+async def pg_proxy(nursery, pg_url) -> TcpProxy:
+    proxy = TcpProxy(*pg_address(pg_url))
+    await nursery.start(proxy.run)
+    return proxy
+
+
+@pytest.fixture
+async def direct_store(pg_url, aio_loop):
+    store = await MetadataStore.open(pg_url, timeout=2.0, op_timeout=10.0)
+    yield store
+    with trio.CancelScope(shield=True):
+        await store.aclose()
+
+
+# -- 1. A deposed coordinator moves nothing --------------------------------------------------
+
+async def test_a_coordinator_action_without_an_epoch_is_refused(direct_store):
+    store = direct_store
+    epoch = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    lease = await store.acquire_lease("coordinator", 1, epoch, ttl_s=30)
+    topic = await store.create_topic("t", 1, {}, [1], coordinator_epoch=lease)
+    for action in (lambda: store.lead_partitions([(topic.topic_id, 0, 1, 0)], None),
+                   lambda: store.lead_partition(topic.topic_id, 0, 1, None),
+                   lambda: store.create_topic("u", 1, {}, [1], coordinator_epoch=None),
+                   lambda: store.create_partitions("t", 2, [1], coordinator_epoch=None),
+                   lambda: store.delete_topic("t", coordinator_epoch=None)):
+        with pytest.raises(StaleEpoch) as refused:
+            await action()
+        assert refused.value.reason == "missing_coordinator_epoch"
+    [view_topic] = (await store.view()).topics
+    assert [(p.leader_node, p.leader_epoch) for p in view_topic.partitions] == [(1, 0)]
+
+
+async def test_restart_path_re_leads_its_own_partition_fenced_by_its_node_epoch(direct_store):
+    from mink.storage.metadata import NotLeader
+
+    store = direct_store
+    e1 = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    await store.register_node(2, "127.0.0.1", 9002, ttl_s=30)
+    lease = await store.acquire_lease("coordinator", 1, e1, ttl_s=30)
+    topic = await store.create_topic("t", 2, {}, [1, 2], coordinator_epoch=lease)
+    assert await store.relead_own_partition(topic.topic_id, 0, 1, e1,
+                                            expected_leader_epoch=0) == 1
+    with pytest.raises(StaleEpoch) as refused:  # the expected epoch moved on
+        await store.relead_own_partition(topic.topic_id, 0, 1, e1, expected_leader_epoch=0)
+    assert refused.value.reason == "leader_epoch_changed"
+    with pytest.raises(NotLeader):  # not its partition
+        await store.relead_own_partition(topic.topic_id, 1, 1, e1, expected_leader_epoch=0)
+    e1b = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    with pytest.raises(StaleEpoch) as refused:  # an earlier incarnation of node 1
+        await store.relead_own_partition(topic.topic_id, 0, 1, e1, expected_leader_epoch=1)
+    assert refused.value.reason == "stale_node_epoch"
+    assert await store.relead_own_partition(topic.topic_id, 0, 1, e1b,
+                                            expected_leader_epoch=1) == 2
+
+
+class _Node(SimpleNamespace):
+    async def refresh_view(self) -> None:
+        pass
+
+
+async def test_a_coordinator_deposed_while_its_tick_awaits_moves_nothing(pg_url, aio_loop,
+                                                                         pg_proxy, nursery):
+    """The tick reads the view through a stalled connection; meanwhile the node stops leading
+    (stop_leading -> coordinator.drop()); when PostgreSQL answers, no move may be made."""
+    store = await MetadataStore.open(via_proxy(pg_url, pg_proxy), timeout=5.0, op_timeout=30.0)
+    try:
+        e1 = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+        e2 = await store.register_node(2, "127.0.0.1", 9002, ttl_s=30)
+        node = _Node(metadata=store, objects=None, node_id=1, node_epoch=e1, leading=True,
+                     config=SimpleNamespace(lease_ttl=30.0, coordinator_tick=0.5))
+        coordinator = ClusterCoordinator(node)
+        await coordinator.hold_lease()
+        assert coordinator.is_holder
+        topic = await store.create_topic("orphaned", 2, {}, [2, 2],
+                                         coordinator_epoch=coordinator.lease_epoch)
+        await store.leave(2, e2)  # node 2 is gone: both partitions are orphans
+
+        pg_proxy.stall()
+        finished = trio.Event()
+
+        async def tick() -> None:
+            try:
+                await coordinator.tick()
+            finally:
+                finished.set()
+
+        nursery.start_soon(tick)
+        with trio.fail_after(10):  # the tick's view request is held by the proxy
+            while pg_proxy.bytes_held_to_upstream == 0:
+                await trio.sleep(0.01)
+        node.leading = False  # what Node.stop_leading does
+        coordinator.drop()
+        pg_proxy.resume()
+        with trio.fail_after(20):
+            await finished.wait()
+        [view_topic] = [t for t in (await store.view()).topics if t.name == "orphaned"]
+        assert [(p.leader_node, p.leader_epoch) for p in view_topic.partitions] == [
+            (2, 0), (2, 0)], "a deposed coordinator moved partitions"
+        assert topic.partitions == 2
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()
