@@ -134,3 +134,46 @@ async def test_a_coordinator_deposed_while_its_tick_awaits_moves_nothing(pg_url,
     finally:
         with trio.CancelScope(shield=True):
             await store.aclose()
+
+
+# -- 5. Self-fencing on time -----------------------------------------------------------------
+
+NOT_LEADER, REQUEST_TIMED_OUT = 6, 7
+
+
+async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline(
+        pg_url, pg_proxy, store_url, nursery):
+    """Every handler checks the validity deadline (last renewal sent + lease_ttl - margin)
+    without awaiting: the first refused Produce comes no later than lease_ttl - margin +
+    100 ms after the stall, however long the membership loop's PostgreSQL calls hang."""
+    from mink.protocol.records import Record, build_batch
+    from tests.support.nodes import node_config, start_node
+    from tests.support.raw import RawClient, produce_request, produce_result
+
+    ttl = 3.0
+    margin = max(0.5, ttl / 10)
+    address = await start_node(nursery, node_config(via_proxy(pg_url, pg_proxy), store_url,
+                                                    lease_ttl=ttl, coordinator_tick=0.5))
+    client = await RawClient.connect(address)
+    records = build_batch([Record(0, 0, None, b"x")])
+    with trio.fail_after(30):  # auto-created, opened, writable
+        while produce_result(await client.call(0, 9, produce_request("fence", 0, records)))[0]:
+            await trio.sleep(0.05)
+    pg_proxy.stall()
+    stalled_at = trio.current_time()
+    try:
+        refused_at = None
+        with trio.fail_after(30):
+            while refused_at is None:
+                error, _ = produce_result(await client.call(
+                    0, 9, produce_request("fence", 0, records, timeout_s=0.02)))
+                assert error in (0, NOT_LEADER, REQUEST_TIMED_OUT), error
+                if error == NOT_LEADER:
+                    refused_at = trio.current_time()
+        after = refused_at - stalled_at
+        print(f"first refused Produce {after:.3f}s after the stall "
+              f"(bound {ttl - margin + 0.1:.1f}s)")
+        assert after <= ttl - margin + 0.1, f"self-fenced {after:.2f}s after the stall"
+    finally:
+        pg_proxy.resume()
+        await client.aclose()

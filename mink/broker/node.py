@@ -60,6 +60,9 @@ class Node:
         self._held_by: dict[tuple[uuid.UUID, int], float] = {}
         self._sync_lock = trio.Lock()
         self.last_renewal_sent = 0.0  # trio clock: when the last successful renewal was sent
+        # Others may take this node's partitions lease_ttl after its last successful renewal
+        # was sent; it stops acting as a leader a margin before that (self-fencing).
+        self.lease_margin = max(0.5, config.lease_ttl / 10)
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
         self._nursery: trio.Nursery | None = None
 
@@ -148,10 +151,23 @@ class Node:
             log.info("not opening %s-%d: %s", topic.name, p.index, exc)
             return None
 
+    @property
+    def valid_until(self) -> float:
+        """Trio clock: the end of the validity of this node's membership, derived from the
+        send time of its last successful renewal."""
+        return self.last_renewal_sent + self.config.lease_ttl - self.lease_margin
+
+    def may_lead(self) -> bool:
+        """Whether this node may act as a leader right now. Checked by every handler without
+        awaiting anything: the membership loop (or a hung PostgreSQL call in it) cannot make
+        the node act past its validity deadline."""
+        return self.leading and trio.current_time() < self.valid_until
+
     def leader_log(self, topic: TopicInfo, partition: int) -> PartitionLog | None:
-        """The open log of a partition this node leads, or None (not the leader, or still
-        opening): the caller answers NOT_LEADER_OR_FOLLOWER."""
-        if self.streams is None or not self.leading:
+        """The open log of a partition this node leads, or None (not the leader, still
+        opening, or its membership is past its validity deadline): the caller answers
+        NOT_LEADER_OR_FOLLOWER."""
+        if self.streams is None or not self.may_lead():
             return None
         partition_log = self.streams.get(topic.topic_id, partition)
         if partition_log is None or partition_log.closed is not None:
@@ -243,22 +259,26 @@ class Node:
         A refused renewal (its epoch was fenced) also makes it start again, without a
         process restart."""
         ttl = self.config.lease_ttl
-        margin = max(0.5, ttl / 10)
         while True:
             if self.leading:
                 await trio.sleep_until(self.last_renewal_sent + ttl / 3)
             sent = trio.current_time()
-            fence_at = self.last_renewal_sent + ttl - margin
-            deadline = min(sent + ttl / 3, fence_at) if self.leading else sent + ttl / 3
+            fence_at = self.valid_until
+            was_leading = self.leading
+            deadline = min(sent + ttl / 3, fence_at) if was_leading else sent + ttl / 3
             renewed = False
             with trio.move_on_at(deadline):
                 try:
-                    if self.leading:
+                    if was_leading:
                         await self.metadata.heartbeat(self.node_id, self.node_epoch, ttl_s=ttl)
-                        self.last_renewal_sent = sent
+                        # A heartbeat that returned only after this node stopped leading (a
+                        # hung call; the watchdog fenced it) renews nothing: register anew.
+                        if self.leading:
+                            self.last_renewal_sent = sent
+                            renewed = True
                     else:
                         await self.register()  # only the registration races the deadline
-                    renewed = True
+                        renewed = True
                 except StaleEpoch:
                     log.error("membership renewal refused: epoch %d was fenced",
                               self.node_epoch)
@@ -275,6 +295,21 @@ class Node:
             if self.leading and trio.current_time() >= fence_at:
                 self.stop_leading("membership not renewed within lease_ttl")
             await trio.sleep(min(1.0, ttl / 6))
+
+    async def fencing_watchdog(self) -> None:
+        """Stop leading at the validity deadline even while the membership loop is stuck in a
+        PostgreSQL call that does not return (a query cancel that blocks: move_on_at cannot
+        bound it). Handlers check the deadline themselves (may_lead); this closes the
+        partitions and stops the coordinator on time."""
+        while True:
+            if self.leading and trio.current_time() >= self.valid_until:
+                self.stop_leading(
+                    f"membership not renewed within lease_ttl minus {self.lease_margin:.1f}s "
+                    "(validity deadline passed)")
+            if self.leading:
+                await trio.sleep_until(self.valid_until)
+            else:
+                await trio.sleep(0.05)
 
     def stop_leading(self, why: str) -> None:
         """Self-fencing: close every partition, stop coordinating; requests get retriable
@@ -384,6 +419,7 @@ async def _serve(node: Node, task_status) -> None:
             await node.start_streams()
             node.ready.set()
             nursery.start_soon(node.membership_loop)
+            nursery.start_soon(node.fencing_watchdog)
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)
