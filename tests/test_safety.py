@@ -7,6 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from types import SimpleNamespace
 
+import psycopg
 import pytest
 import trio
 
@@ -177,3 +178,68 @@ async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline
     finally:
         pg_proxy.resume()
         await client.aclose()
+
+
+# -- 3. InitProducerId during an outage --------------------------------------------------------
+
+COORDINATOR_NOT_AVAILABLE = 15
+
+
+async def test_init_producer_id_through_an_outage(pg_url, pg_proxy, store_url, nursery):
+    """The next producer-id block is reserved before the current one runs out, so producers
+    starting during a PostgreSQL outage still get ids; once both blocks are used up the answer
+    is a retriable error within a bounded time, and ids flow again once PostgreSQL is back."""
+    from mink.broker.producer_ids import BLOCK_SIZE
+    from tests.support.nodes import node_config, start_node
+    from tests.support.raw import RawClient, init_producer_id_request
+
+    address = await start_node(nursery, node_config(via_proxy(pg_url, pg_proxy), store_url,
+                                                    lease_ttl=30.0))
+    client = await RawClient.connect(address)
+    seen: set[int] = set()
+
+    async def init() -> tuple[int, int, float]:
+        started = trio.current_time()
+        response = await client.call(22, 4, init_producer_id_request())
+        return response.error_code, response.producer_id, trio.current_time() - started
+
+    for _ in range(BLOCK_SIZE * 3 // 4):  # past half of the first block
+        error, producer_id, _ = await init()
+        assert error == 0 and producer_id not in seen
+        seen.add(producer_id)
+    def reserved() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            return conn.execute("SELECT next_producer_id FROM cluster").fetchone()[0]
+
+    first_block = min(seen) // BLOCK_SIZE * BLOCK_SIZE
+    with trio.fail_after(10):  # the spare block is reserved in the background
+        while await trio.to_thread.run_sync(reserved) < first_block + 2 * BLOCK_SIZE:
+            await trio.sleep(0.05)
+    pg_proxy.cut()
+    try:
+        errors = []
+        for _ in range(BLOCK_SIZE):  # the rest of the first block and part of the spare one
+            error, producer_id, took = await init()
+            assert error == 0, f"InitProducerId failed during the outage after {len(seen)} ids"
+            assert producer_id not in seen
+            seen.add(producer_id)
+        for _ in range(BLOCK_SIZE):
+            error, producer_id, took = await init()
+            if error:
+                errors.append((error, took))
+                break
+            seen.add(producer_id)
+        assert errors, "ids kept coming with PostgreSQL unreachable"
+        assert errors[0][0] == COORDINATOR_NOT_AVAILABLE  # retriable, never fatal
+        assert errors[0][1] < 5.0, f"InitProducerId took {errors[0][1]:.1f}s to answer"
+    finally:
+        pg_proxy.restore()
+    with trio.fail_after(30):
+        while True:
+            error, producer_id, _ = await init()
+            if error == 0:
+                break
+            assert error == COORDINATOR_NOT_AVAILABLE
+            await trio.sleep(0.1)
+    assert producer_id not in seen
+    await client.aclose()

@@ -420,6 +420,7 @@ async def _serve(node: Node, task_status) -> None:
             node.ready.set()
             nursery.start_soon(node.membership_loop)
             nursery.start_soon(node.fencing_watchdog)
+            nursery.start_soon(node.producer_ids.run)
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)
