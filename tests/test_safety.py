@@ -243,3 +243,85 @@ async def test_init_producer_id_through_an_outage(pg_url, pg_proxy, store_url, n
             await trio.sleep(0.1)
     assert producer_id not in seen
     await client.aclose()
+
+
+# -- 2. No duplicates from an idempotent producer when a commit's reply is lost -----------------
+
+def _committed_end(pg_url: str, topic: str) -> int:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return conn.execute("SELECT p.committed_end FROM partitions p JOIN topics t "
+                            "USING (topic_id) WHERE t.name = %s AND t.deleted_at IS NULL",
+                            (topic,)).fetchone()[0]
+
+
+def _node_epoch(pg_url: str, node_id: int) -> int:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return conn.execute("SELECT epoch FROM nodes WHERE node_id = %s",
+                            (node_id,)).fetchone()[0]
+
+
+async def test_a_commit_whose_reply_was_lost_is_read_back_across_self_fencing(
+        pg_url, pg_proxy, store_url, nursery):
+    """PostgreSQL carries out a CommitWal but its reply is lost (the proxy drops every reply);
+    the node self-fences and registers again. The waiting Produce is answered with the
+    original offset (the outcome read back, not REQUEST_TIMED_OUT), the producer's retry gets
+    that same offset, and the batch is stored once."""
+    from mink.protocol.records import Record, build_batch
+    from tests.support.nodes import node_config, start_node
+    from tests.support.raw import (
+        RawClient,
+        init_producer_id_request,
+        produce_request,
+        produce_result,
+    )
+
+    def batch(producer_id: int, sequence: int, value: bytes) -> bytes:
+        return build_batch([Record(0, 0, None, value)], producer_id=producer_id,
+                           producer_epoch=0, base_sequence=sequence)
+
+    address = await start_node(nursery, node_config(
+        via_proxy(pg_url, pg_proxy), store_url, lease_ttl=3.0, coordinator_tick=0.5,
+        commit_timeout=1.0))
+    client = await RawClient.connect(address)
+    init = await client.call(22, 4, init_producer_id_request())
+    pid = init.producer_id
+    with trio.fail_after(30):
+        while produce_result(await client.call(0, 9, produce_request(
+                "lost-reply", 0, batch(pid, 0, b"first"))))[0]:
+            await trio.sleep(0.05)
+    assert await trio.to_thread.run_sync(_committed_end, pg_url, "lost-reply") == 1
+    epoch_before = await trio.to_thread.run_sync(_node_epoch, pg_url, 1)
+
+    pg_proxy.drop_replies(True)
+    request = produce_request("lost-reply", 0, batch(pid, 1, b"second"), timeout_s=60)
+    answer: list = []
+
+    async def produce() -> None:
+        answer.append(produce_result(await client.call(0, 9, request)))
+
+    nursery.start_soon(produce)
+    try:
+        with trio.fail_after(20):  # PostgreSQL committed it; the node never heard
+            while await trio.to_thread.run_sync(_committed_end, pg_url, "lost-reply") < 2:
+                await trio.sleep(0.05)
+        await trio.sleep(3.5)  # past lease_ttl: the node self-fences meanwhile
+    finally:
+        pg_proxy.drop_replies(False)
+    with trio.fail_after(30):  # it self-fenced and registers again
+        while await trio.to_thread.run_sync(_node_epoch, pg_url, 1) == epoch_before:
+            await trio.sleep(0.05)
+    with trio.fail_after(40):
+        while not answer:
+            await trio.sleep(0.05)
+    assert answer[0] == (0, 1), f"the waiting Produce was answered {answer[0]}"
+    retry = await RawClient.connect(address)
+    with trio.fail_after(30):
+        while True:
+            result = produce_result(await retry.call(0, 9, request))
+            if result[0] == 0:
+                break
+            await trio.sleep(0.05)
+    assert result == (0, 1), f"the retry was written again at {result[1]}"
+    assert await trio.to_thread.run_sync(_committed_end, pg_url, "lost-reply") == 2
+    await retry.aclose()
+    await client.aclose()

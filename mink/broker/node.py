@@ -320,8 +320,12 @@ class Node:
         self.leading = False
         self.coordinator.drop()
         if self.streams is not None:
-            self.streams.stop()
-            self.streams = None
+            streams, self.streams = self.streams, None
+            streams.stop()
+            if self._nursery is not None:
+                # Appends in WAL objects on their way get their real outcome, read back
+                # once PostgreSQL answers, not a guess (or a REQUEST_TIMED_OUT).
+                self._nursery.start_soon(streams.wal.settle_after_stop)
 
     async def start_streams(self) -> None:
         config = self.config

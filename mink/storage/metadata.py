@@ -27,6 +27,7 @@ checked; no restart of the store is needed when PostgreSQL comes back.
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
 import logging
 import select
@@ -343,6 +344,9 @@ _STREAM_COLUMNS = """topic_id, partition, leader_node, leader_epoch, stream_stat
        opened_by_epoch, open_leader_epoch, log_start_offset, committed_end, max_timestamp"""
 SQL_OPEN_STREAM = f"""
 SELECT {_STREAM_COLUMNS} FROM mink_open_stream(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
+SQL_OPEN_STREAM_WITH_PRODUCERS = "SELECT " + ", ".join(
+    f"(stream).{c.strip()}" for c in _STREAM_COLUMNS.split(",")) + """, producers::text
+  FROM mink_open_stream_with_producers(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
 SQL_CLOSE_STREAM = """
 UPDATE partitions SET stream_state = 'closed'
  WHERE topic_id = %(topic_id)s AND partition = %(partition)s AND stream_state = 'open'
@@ -910,6 +914,19 @@ class MetadataStore:
             topic_id, partition, leader_epoch, node_id, node_epoch))
         assert row is not None
         return StreamState(*row)
+
+    async def open_stream_with_producers(
+            self, topic_id: uuid.UUID, partition: int, leader_epoch: int, node_id: int,
+            node_epoch: int) -> tuple[StreamState, list[ProducerStateUpdate]]:
+        """OpenStream (as open_stream) and the partition's producer states, read in the same
+        transaction after the partition-row lock: a late CommitWal of an earlier opener is
+        either in both (committed before) or refused (not_open_by_node)."""
+        row = await self._one(WRITE, SQL_OPEN_STREAM_WITH_PRODUCERS, (
+            topic_id, partition, leader_epoch, node_id, node_epoch))
+        assert row is not None
+        producers = [ProducerStateUpdate(pid, epoch, base64.b64decode(state))
+                     for pid, epoch, state in msgspec.json.decode(row[-1])]
+        return StreamState(*row[:-1]), producers
 
     async def close_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                            node_id: int, node_epoch: int) -> bool:

@@ -60,3 +60,25 @@ BEGIN
         'leader_epoch', p.leader_epoch, 'previous_leader', p_node));
     RETURN p.leader_epoch;
 END $$;
+
+-- OpenStream and the partition's producer states in one transaction, the states read after
+-- the partition-row lock: a CommitWal of an earlier opener either committed before the lock
+-- was granted (its batches and producer states are in what is returned) or runs after it and
+-- is refused (not_open_by_node). Loading the states in a second transaction left a window in
+-- which a late commit was in neither, and a retried batch was written twice.
+CREATE FUNCTION mink_open_stream_with_producers(p_topic_id uuid, p_partition integer,
+                                                p_leader_epoch integer, p_node integer,
+                                                p_node_epoch bigint)
+RETURNS TABLE (stream partitions, producers jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    p partitions;
+BEGIN
+    SELECT * INTO p FROM mink_open_stream(p_topic_id, p_partition, p_leader_epoch, p_node,
+                                          p_node_epoch);
+    RETURN QUERY SELECT p, coalesce((
+        SELECT jsonb_agg(jsonb_build_array(s.producer_id, s.producer_epoch,
+                                           encode(s.state, 'base64')) ORDER BY s.producer_id)
+          FROM producer_state AS s
+         WHERE s.topic_id = p_topic_id AND s.partition = p_partition), '[]'::jsonb);
+END $$;
