@@ -325,3 +325,95 @@ async def test_a_commit_whose_reply_was_lost_is_read_back_across_self_fencing(
     assert await trio.to_thread.run_sync(_committed_end, pg_url, "lost-reply") == 2
     await retry.aclose()
     await client.aclose()
+
+
+# -- 4. PostgreSQL blips leave leaders and groups in place ---------------------------------------
+
+@pytest.mark.parametrize("gap", [0.3, 0.9])
+def test_postgres_blips_leave_leaders_and_groups_in_place(cluster, pg_server, gap):
+    """A PostgreSQL restart with the server down `gap` seconds (below lease_ttl / 3) while a
+    group consumer commits offsets: no node stops leading, the group keeps its generation and
+    its members (OffsetCommit waits at most a third of the session timeout, so heartbeats are
+    not held back; the pool reconnects at once)."""
+    import threading
+    import time
+
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.support.cluster import LEASE_TTL
+
+    session_s = 6.0
+    for node_id in (1, 2, 3):
+        cluster.start(node_id)
+    cluster.wait_for(lambda: cluster.live_nodes() == {1, 2, 3}, what="three live nodes")
+    cluster.wait_for(cluster.coordinator, what="a coordinator")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic("blips", 3, 1)], operation_timeout=20)["blips"].result(30)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
+
+    def produce(n: int) -> None:
+        for i in range(n):
+            producer.produce("blips", value=b"%d" % i)
+        assert producer.flush(60) == 0
+
+    def committed() -> int:
+        rows = cluster.query("SELECT coalesce(sum(committed_offset), 0) FROM group_offsets "
+                             "WHERE group_id = 'blips-group'")
+        return rows[0][0]
+
+    def group() -> tuple[int, list[str]] | None:
+        rows = cluster.query("SELECT generation, members FROM consumer_groups "
+                             "WHERE group_id = 'blips-group'")
+        if not rows or not rows[0][1]:
+            return None
+        return rows[0][0], sorted(m["member_id"] for m in rows[0][1])
+
+    stop = threading.Event()
+    errors: list = []
+
+    def consume() -> None:
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "blips-group",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": True,
+                             "auto.commit.interval.ms": 100,
+                             "session.timeout.ms": int(session_s * 1000),
+                             "heartbeat.interval.ms": 500})
+        consumer.subscribe(["blips"])
+        while not stop.is_set():
+            msg = consumer.poll(0.1)
+            if msg is not None and msg.error():
+                errors.append(msg.error())
+        consumer.close()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    try:
+        produce(300)
+        cluster.wait_for(lambda: committed() == 300, timeout=60, what="the group committing")
+        before = cluster.wait_for(group, what="a stable group")
+        epochs = {n: cluster.node_epoch(n) for n in (1, 2, 3)}
+        leaders = {t: cluster.leaders(t) for t in ("blips", "__consumer_offsets")}
+
+        stopped_at = time.monotonic()
+        pg_server.stop("fast")
+        time.sleep(gap)
+        pg_server.start()
+        outage = time.monotonic() - stopped_at
+        print(f"PostgreSQL down for {outage:.2f}s (gap {gap}s, lease_ttl {LEASE_TTL}s)")
+        # Commits land again, and again after a whole session timeout (members that were
+        # going to expire have by then).
+        produce(300)
+        cluster.wait_for(lambda: committed() == 600, timeout=60, what="commits after the blip")
+        settled_at = time.monotonic() + session_s + 1
+        cluster.wait_for(lambda: time.monotonic() > settled_at, timeout=session_s + 5,
+                         what="a session timeout after the blip")
+        produce(300)
+        cluster.wait_for(lambda: committed() == 900, timeout=60,
+                         what="commits a session timeout after the blip")
+        assert {n: cluster.node_epoch(n) for n in (1, 2, 3)} == epochs, \
+            "a node stopped leading and registered again"
+        assert {t: cluster.leaders(t) for t in ("blips", "__consumer_offsets")} == leaders
+        assert group() == before, "the group rebalanced (generation or members changed)"
+    finally:
+        stop.set()
+        reader.join(30)

@@ -530,6 +530,15 @@ READ, IDEMPOTENT, WRITE = _Kind.READ, _Kind.IDEMPOTENT, _Kind.WRITE
 Op = Callable[[psycopg.AsyncConnection], Awaitable[Any]]
 
 
+# psycopg_pool retries a failed connection attempt after 1 s, then 2 s, 4 s...: after a
+# PostgreSQL restart of a fraction of a second the pool stayed empty for seconds, longer than
+# a node's renewal slack (lease_ttl / 3 between renewals), and every node stopped leading.
+# Its back-off has no parameter; these class attributes are what it reads. Start at 50 ms and
+# grow by half each time (capped by reconnect_timeout, after which a request starts afresh).
+psycopg_pool.base.AttemptWithBackoff.INITIAL_DELAY = 0.05
+psycopg_pool.base.AttemptWithBackoff.DELAY_BACKOFF = 1.5
+
+
 # ---------------------------------------------------------------------------------------------
 # The store
 
