@@ -417,3 +417,43 @@ def test_postgres_blips_leave_leaders_and_groups_in_place(cluster, pg_server, ga
     finally:
         stop.set()
         reader.join(30)
+
+
+# -- Node identity: one live process per node id -------------------------------------------------
+
+def test_a_duplicate_node_id_is_refused_and_a_restart_after_sigkill_accepted(cluster):
+    import time
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    first = cluster.start(1)
+    cluster.wait_for(lambda: cluster.live_nodes() == {1}, what="node 1 live")
+    admin = AdminClient({"bootstrap.servers": first.address})
+    admin.create_topics([NewTopic("ident", 2, 1)], operation_timeout=20)["ident"].result(30)
+    cluster.wait_for(lambda: len(cluster.open_streams("ident")) == 2, what="streams open")
+    epoch = cluster.node_epoch(1)
+
+    duplicate = cluster.make_process(cluster.config(1))  # same node id, another port
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        duplicate.start()
+    refusals = [line for line in duplicate.log_path.read_text().splitlines()
+                if "is in use by another live process" in line]
+    assert len(refusals) == 1, refusals
+    assert cluster.node_epoch(1) == epoch, "the duplicate registered over the live node"
+    assert first.process.poll() is None
+
+    first.kill()
+    killed_at = time.monotonic()
+    cluster.wait_for(lambda: time.monotonic() - killed_at >= 2.0, timeout=5, what="2 s")
+    cluster.start(1)  # same id, same port, a new incarnation: accepted
+    cluster.wait_for(lambda: cluster.node_epoch(1) > epoch, what="node 1 registered again")
+    new_epoch = cluster.node_epoch(1)
+    cluster.wait_for(lambda: cluster.query(
+        "SELECT count(*) FROM partitions p JOIN topics t USING (topic_id) "
+        "WHERE t.name = 'ident' AND p.stream_state = 'open' AND p.opened_by_node = 1 "
+        "AND p.opened_by_epoch = %s", new_epoch)[0][0] == 2, what="its partitions taken back")
+    producer = Producer({"bootstrap.servers": cluster.bootstrap})
+    for partition in (0, 1):
+        producer.produce("ident", value=b"after", partition=partition)
+    assert producer.flush(30) == 0

@@ -44,6 +44,8 @@ class Node:
         self.objects = objects
         self.node_id = config.node_id
         self.node_epoch = 0
+        # This process: a registration of this node id by another live process is refused.
+        self.incarnation = uuid.uuid4()
         self.advertised: tuple[str, int] = config.advertised_address()
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None
@@ -285,6 +287,10 @@ class Node:
                     self.stop_leading("fenced")
                 except MetadataUnavailable as exc:
                     log.warning("membership renewal failed: %s", exc)
+                except md.NodeIdInUse as exc:
+                    log.error("node id %d is in use by another live process (%s:%s, renewed "
+                              "%.1fs ago); not registering while it lives", self.node_id,
+                              exc.host, exc.port, exc.renewed_s_ago or 0.0)
             if renewed:
                 if not self.leading:
                     try:
@@ -364,8 +370,12 @@ class Node:
     async def register(self) -> None:
         host, port = self.advertised
         sent = trio.current_time()
+        ttl = self.config.lease_ttl
+        # Another incarnation renewed within about 1.5 renewal intervals is alive: refused.
+        # A crashed one stops renewing, so a restart after a SIGKILL is accepted soon.
         self.node_epoch = await self.metadata.register_node(
-            self.node_id, host, port, rack=self.config.rack, ttl_s=self.config.lease_ttl)
+            self.node_id, host, port, rack=self.config.rack, ttl_s=ttl,
+            incarnation=self.incarnation, guard_s=1.5 * ttl / 3)
         self.last_renewal_sent = sent
         log.info("node %d registered at epoch %d, advertising %s:%d", self.node_id,
                  self.node_epoch, host, port)

@@ -55,6 +55,7 @@ __all__ = [
     # errors
     "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "StaleEpoch", "NotLeader",
     "TopicExists", "UnknownTopic", "InvalidPartitions", "UnknownNode", "NodeAlive",
+    "NodeIdInUse",
 ]
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,17 @@ class InvalidPartitions(MetadataError):
 
 class UnknownNode(MetadataError):
     pass
+
+
+class NodeIdInUse(MetadataError):
+    """register_node refused: another process (incarnation) renews this node id right now."""
+
+    def __init__(self, message: str, detail: dict[str, Any]):
+        super().__init__(message)
+        self.incarnation = detail.get("incarnation")
+        self.host = detail.get("host")
+        self.port = detail.get("port")
+        self.renewed_s_ago = detail.get("renewed_s_ago")
 
 
 class NodeAlive(MetadataError):
@@ -268,8 +280,11 @@ _view_decoder = msgspec.json.Decoder(View)
 # SQL
 
 SQL_REGISTER_NODE = "SELECT mink_register_node(%s::int, %s::text, %s::int, %s::text, %s::float8)"
+SQL_REGISTER_INCARNATION = """
+SELECT mink_register_incarnation(%s::int, %s::text, %s::int, %s::text, %s::float8, %s::uuid,
+                                 %s::float8)"""
 SQL_HEARTBEAT = """
-UPDATE nodes SET expires_at = now() + %s::float8 * interval '1 second'
+UPDATE nodes SET expires_at = now() + %s::float8 * interval '1 second', renewed_at = now()
  WHERE node_id = %s AND epoch = %s AND expires_at <> '-infinity'
 RETURNING epoch"""
 SQL_LEAVE = "SELECT mink_leave_node(%s::int, %s::bigint)"
@@ -470,6 +485,8 @@ def _domain_error(e: psycopg.Error) -> MetadataError | None:
         return UnknownNode(message)
     if state == "MK007":
         return NodeAlive(message)
+    if state == "MK008":
+        return NodeIdInUse(message, msgspec.json.decode(e.diag.message_detail or "{}"))
     return None
 
 
@@ -744,8 +761,16 @@ class MetadataStore:
     # -- membership ----------------------------------------------------------------------------
 
     async def register_node(self, node_id: int, host: str, port: int, rack: str | None = None,
-                            *, ttl_s: float = 30.0) -> int:
-        """RegisterNode: the new node epoch (previous + 1, 1 for a new node id)."""
+                            *, ttl_s: float = 30.0, incarnation: uuid.UUID | None = None,
+                            guard_s: float = 0.0) -> int:
+        """RegisterNode: the new node epoch (previous + 1, 1 for a new node id). With an
+        incarnation (a node process passes its own): NodeIdInUse if another incarnation
+        renewed this node id within guard_s seconds and is live."""
+        if incarnation is not None:
+            row = await self._one(WRITE, SQL_REGISTER_INCARNATION, (
+                node_id, host, port, rack, ttl_s, incarnation, guard_s))
+            assert row is not None
+            return row[0]
         row = await self._one(WRITE, SQL_REGISTER_NODE, (node_id, host, port, rack, ttl_s))
         assert row is not None
         return row[0]

@@ -82,3 +82,31 @@ BEGIN
           FROM producer_state AS s
          WHERE s.topic_id = p_topic_id AND s.partition = p_partition), '[]'::jsonb);
 END $$;
+
+-- Node identity: each process has an incarnation id. A registration from another incarnation
+-- of a node id whose row was renewed within p_guard_s seconds is refused (a second process
+-- started with the id of a live node); the same incarnation registering again (after it
+-- self-fenced) and a restart after a crash (the row not renewed for longer) are accepted.
+ALTER TABLE nodes ADD COLUMN incarnation uuid, ADD COLUMN renewed_at timestamptz;
+
+CREATE FUNCTION mink_register_incarnation(p_node integer, p_host text, p_port integer,
+                                          p_rack text, p_ttl_s double precision,
+                                          p_incarnation uuid, p_guard_s double precision)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    n nodes;
+    v_epoch bigint;
+BEGIN
+    SELECT * INTO n FROM nodes WHERE node_id = p_node FOR UPDATE;
+    IF FOUND AND n.incarnation IS DISTINCT FROM p_incarnation AND n.expires_at > now()
+       AND n.renewed_at > now() - p_guard_s * interval '1 second' THEN
+        RAISE EXCEPTION USING ERRCODE = 'MK008', MESSAGE = 'node_id_in_use',
+            DETAIL = jsonb_build_object(
+                'incarnation', n.incarnation, 'host', n.host, 'port', n.port,
+                'renewed_s_ago', extract(epoch FROM now() - n.renewed_at))::text;
+    END IF;
+    v_epoch := mink_register_node(p_node, p_host, p_port, p_rack, p_ttl_s);
+    UPDATE nodes SET incarnation = p_incarnation, renewed_at = now() WHERE node_id = p_node;
+    RETURN v_epoch;
+END $$;
