@@ -457,3 +457,37 @@ def test_a_duplicate_node_id_is_refused_and_a_restart_after_sigkill_accepted(clu
     for partition in (0, 1):
         producer.produce("ident", value=b"after", partition=partition)
     assert producer.flush(30) == 0
+
+
+# -- A clean hand-over closes the stream ---------------------------------------------------------
+
+async def test_a_partition_handed_over_is_closed_for_its_next_leader(pg_url, store_url, aio_loop,
+                                                                     nursery):
+    """When the view moves a partition away, its old leader closes the stream in PostgreSQL,
+    so the new leader opens it at once instead of waiting out the HeldBy grace."""
+    from mink.protocol.records import Record, build_batch
+    from tests.support.metadata import ToolMetadataStore
+    from tests.support.nodes import node_config, start_node
+    from tests.support.raw import RawClient, produce_request, produce_result
+
+    address = await start_node(nursery, node_config(pg_url, store_url, lease_ttl=3.0,
+                                                    coordinator_tick=0.5))
+    client = await RawClient.connect(address)
+    records = build_batch([Record(0, 0, None, b"x")])
+    with trio.fail_after(30):
+        while produce_result(await client.call(0, 9, produce_request("handed", 0, records)))[0]:
+            await trio.sleep(0.05)
+    await client.aclose()
+    store = await ToolMetadataStore.open(pg_url)
+    try:
+        await store.register_node(2, "127.0.0.1", 9002, ttl_s=60)
+        topic = await store.get_topic("handed")
+        state = await store.stream_state(topic.topic_id, 0)
+        assert (state.stream_state, state.opened_by_node) == ("open", 1)
+        await store.lead_partition(topic.topic_id, 0, 2)  # a planned move to node 2
+        with trio.fail_after(10):
+            while (await store.stream_state(topic.topic_id, 0)).stream_state != "closed":
+                await trio.sleep(0.05)
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()
