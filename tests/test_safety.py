@@ -491,3 +491,35 @@ async def test_a_partition_handed_over_is_closed_for_its_next_leader(pg_url, sto
     finally:
         with trio.CancelScope(shield=True):
             await store.aclose()
+
+
+# -- A commit PostgreSQL rejects is not retried forever -----------------------------------------
+
+async def test_a_commit_rejected_by_postgres_fails_its_appends_and_the_pipeline_goes_on(
+        pg_url, aio_loop, nursery):
+    """A data exception (here a max timestamp out of bigint range) is not a lost connection:
+    the commit is definitely not applied. Its appends fail retriably, the partition rewinds,
+    and later commits are not held up behind it."""
+    from mink.storage.log import StorageUnavailable
+    from mink.storage.objectstore import open_object_store
+    from tests.support.metadata import ToolMetadataStore
+    from tests.test_wal import Node, append, batch, make_topic
+
+    metadata = await ToolMetadataStore.open(pg_url)
+    try:
+        objects = open_object_store("memory://")
+        topic = await make_topic(metadata, 2, name="rejected")
+        streams = await Node(metadata, objects, 1, commit_timeout=2.0).start(nursery)
+        bad_log = await streams.open(topic.topic_id, 0, 0)
+        good_log = await streams.open(topic.topic_id, 1, 0)
+        bad = bad_log.append(batch([b"bad"]), [1], 2**63)  # does not fit PostgreSQL's bigint
+        with trio.fail_after(10):
+            with pytest.raises(StorageUnavailable):
+                await bad.wait()
+        assert bad_log.next_offset == bad_log.committed_end == 0
+        with trio.fail_after(10):
+            assert await append(good_log, [b"good"]).wait() == 0
+            assert await append(bad_log, [b"again"]).wait() == 0
+    finally:
+        with trio.CancelScope(shield=True):
+            await metadata.aclose()

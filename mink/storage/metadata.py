@@ -53,7 +53,7 @@ __all__ = [
     "ProducerStateUpdate", "WalRange", "WalObject", "RangeOutcome", "CommitOutcome",
     "IndexRow", "ProducerState", "Change",
     # errors
-    "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "StaleEpoch", "NotLeader",
+    "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "MetadataRejected", "StaleEpoch", "NotLeader",
     "TopicExists", "UnknownTopic", "InvalidPartitions", "UnknownNode", "NodeAlive",
     "NodeIdInUse",
 ]
@@ -78,6 +78,12 @@ class MetadataUnavailable(MetadataError):
 class OutcomeUnknown(MetadataUnavailable):
     """The connection was lost (or the operation timed out) after a write was sent: it may or
     may not have been committed. Never guess: read the outcome back."""
+
+
+class MetadataRejected(MetadataError):
+    """PostgreSQL refused the statement with an error of its own (a data exception, a
+    constraint): the transaction was rolled back, nothing was written, and sending the same
+    statement again fails the same way. Not retriable as it is."""
 
 
 class StaleEpoch(MetadataError):
@@ -669,6 +675,8 @@ class MetadataStore:
                         if e.sqlstate and e.sqlstate.startswith(_UNAVAILABLE_PREFIXES):
                             raise MetadataUnavailable(str(e)) from e
                         if not _connection_lost(e, conn):
+                            if e.sqlstate:  # the server answered: rolled back, not applied
+                                raise MetadataRejected(f"{e.sqlstate}: {e}") from e
                             raise
                         logger.info("metadata connection lost: %s", e)
                         await self._recover(pool)

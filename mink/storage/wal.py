@@ -31,6 +31,7 @@ from mink.storage.log import (
 )
 from mink.storage.metadata import (
     MetadataError,
+    MetadataRejected,
     MetadataUnavailable,
     StaleEpoch,
     WalObject,
@@ -41,6 +42,7 @@ from mink.storage.objectstore import ObjectStoreError
 log = logging.getLogger(__name__)
 
 FOOTER_MAGIC = b"MWAL"
+REJECTED = "rejected_by_postgresql"  # a commit PostgreSQL refused with an error of its own
 _FOOTER_TRAILER = struct.Struct(">I4s")
 
 
@@ -307,6 +309,17 @@ class WalWriter:
         outcomes = await self._commit_until_known(request, [r for _, live in to_commit
                                                             for r in live])
         for (obj, live), outcome in zip(to_commit, outcomes, strict=True):
+            if outcome.ranges and outcome.ranges[0].reason == REJECTED:
+                # Not written, and not a lost partition: its appends fail retriably and
+                # the partition rewinds, as after a failed upload.
+                for r in live:
+                    if r.is_current():
+                        r.log.reset(StorageUnavailable("commit rejected by PostgreSQL"),
+                                    from_offset=r.base_offset)
+                    else:
+                        _not_committed(r, "commit rejected by PostgreSQL")
+                await self._queue_deletion([obj.key], "commit rejected")
+                continue
             for r, result in zip(live, outcome.ranges, strict=True):
                 if result.accepted:
                     r.log.committed(r.chunks())
@@ -376,6 +389,13 @@ class WalWriter:
                         except StaleEpoch as exc:
                             # The whole node was fenced: every range is refused.
                             return [_refused_whole(obj, exc.reason) for obj in request]
+                        except MetadataRejected as exc:
+                            # PostgreSQL refused the statement itself (a data exception):
+                            # rolled back, so definitely not committed. Repeating it would
+                            # fail the same way and hold up every later commit.
+                            log.error("commit of %s rejected by PostgreSQL: %s",
+                                      request[0].key, exc)
+                            return [_refused_whole(obj, REJECTED) for obj in request]
                         except MetadataUnavailable as exc:
                             log.warning("commit of %s in doubt: %s", request[0].key, exc)
                         except Exception:  # unknown: treat as in doubt, repeat, never guess
