@@ -523,3 +523,43 @@ async def test_a_commit_rejected_by_postgres_fails_its_appends_and_the_pipeline_
     finally:
         with trio.CancelScope(shield=True):
             await metadata.aclose()
+
+
+async def test_an_object_refused_for_a_stale_node_epoch_is_queued_for_deletion(
+        pg_url, aio_loop, nursery):
+    """A commit refused for a stale node epoch records nothing in PostgreSQL; the writer
+    queues the object for deletion (abandoned first, so it can never be committed)."""
+    from mink.storage.log import NotLeader
+    from mink.storage.objectstore import open_object_store
+    from tests.support.metadata import ToolMetadataStore
+    from tests.test_wal import Node, append, make_topic
+
+    metadata = await ToolMetadataStore.open(pg_url)
+    try:
+        objects = open_object_store("memory://")
+        topic = await make_topic(metadata, 1, name="stale")
+        streams = await Node(metadata, objects, 1).start(nursery)
+        partition_log = await streams.open(topic.topic_id, 0, 0)
+        await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)  # fenced: a new epoch
+        with trio.fail_after(10):
+            with pytest.raises(NotLeader, match="stale_node_epoch"):
+                await append(partition_log, [b"late"]).wait()
+        [key] = await objects.list("wal/")
+
+        async def queued() -> bool:
+            return key in {k for k, _ in await metadata.pending_deletions()}
+
+        with trio.fail_after(10):
+            while not await queued():
+                await trio.sleep(0.05)
+        def recorded() -> str | None:
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                row = conn.execute("SELECT outcome->>'reason' FROM wal_objects WHERE key = %s",
+                                   (key,)).fetchone()
+            return row and row[0]
+
+        assert await trio.to_thread.run_sync(recorded) == "abandoned", \
+            "queued for deletion without being recorded as abandoned first"
+    finally:
+        with trio.CancelScope(shield=True):
+            await metadata.aclose()

@@ -328,6 +328,13 @@ class WalWriter:
                     for entry in r.entries:  # known outcome: refused, not in doubt
                         entry.pending.resolve(refused)
                     self._fenced(r.log, result.reason)
+        for (obj, _), outcome in zip(to_commit, outcomes, strict=True):
+            rejected = bool(outcome.ranges) and outcome.ranges[0].reason == REJECTED
+            if not rejected and not any(r.accepted for r in outcome.ranges):
+                # Nothing of it is used. PostgreSQL queues most refused objects itself, but a
+                # stale node epoch is refused before anything is recorded: queue it here
+                # (abandoned first, so it can never be committed once deleted).
+                await self._queue_deletion([obj.key], "refused at commit")
 
     async def settle_after_stop(self) -> None:
         """After stop(): the appends still waiting in WAL objects that were uploading or being
