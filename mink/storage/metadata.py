@@ -950,7 +950,9 @@ class MetadataStore:
     async def open_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                           node_id: int, node_epoch: int) -> StreamState:
         """OpenStream: refused unless node_id is the partition's leader at leader_epoch
-        (NotLeader, with the current leader) and node_epoch is current (StaleEpoch).
+        (NotLeader, with the current leader) and node_epoch is current (StaleEpoch; read
+        without a lock: the partition-row lock and the leader epoch are the fence, see
+        commit_wal).
         Records the opener and the leader epoch's start offset. Returns the state after."""
         row = await self._one(WRITE, SQL_OPEN_STREAM, (
             topic_id, partition, leader_epoch, node_id, node_epoch))
@@ -994,7 +996,14 @@ class MetadataStore:
         reason 'stale_node_epoch' and nothing is written. Otherwise each range is decided on
         its own (see mink_commit_wal in 0002_operations.sql for the reasons). Keyed by object
         key: a key decided before returns its first outcome (repeated=True) and changes
-        nothing, so this is safe to call again after OutcomeUnknown."""
+        nothing, so this is safe to call again after OutcomeUnknown.
+
+        Where the epochs are checked: the node epoch is read without a lock (a
+        registration or fence may commit just after the check). That is safe because the
+        real fence is per partition, under its row lock (FOR UPDATE): the stream must be open
+        by this very (node, node epoch) at the range's leader epoch. A new incarnation or a
+        new leader opens the stream under the same lock before it accepts anything, so a
+        commit that passed the node-epoch check late is refused (not_open_by_node)."""
         if not objects:
             return []
         keys = [o.key for o in objects]
