@@ -4,7 +4,6 @@ the promise the fault used to break."""
 
 from __future__ import annotations
 
-import urllib.parse
 from types import SimpleNamespace
 
 import psycopg
@@ -14,28 +13,7 @@ import trio
 from mink.broker.coordinator import ClusterCoordinator
 from mink.storage.metadata import MetadataStore, StaleEpoch
 from mink.testing.proxy import TcpProxy
-
-
-def via_proxy(pg_url: str, proxy: TcpProxy) -> str:
-    """The same database URL, through the proxy."""
-    parts = urllib.parse.urlsplit(pg_url)
-    netloc = parts.netloc.rsplit("@", 1)
-    host, port = proxy.address
-    address = f"{host}:{port}"
-    netloc = f"{netloc[0]}@{address}" if len(netloc) == 2 else address
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def pg_address(pg_url: str) -> tuple[str, int]:
-    parts = urllib.parse.urlsplit(pg_url)
-    return parts.hostname or "127.0.0.1", parts.port or 5432
-
-
-@pytest.fixture
-async def pg_proxy(nursery, pg_url) -> TcpProxy:
-    proxy = TcpProxy(*pg_address(pg_url))
-    await nursery.start(proxy.run)
-    return proxy
+from tests.support.postgres import via_proxy
 
 
 @pytest.fixture
