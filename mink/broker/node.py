@@ -387,6 +387,22 @@ class Node:
                 log.warning("change-log listener unavailable: %s", group.exceptions[0])
             await trio.sleep(poll)
 
+    async def register_at_start(self) -> None:
+        """Register; while another incarnation of this node id looks alive, try again until
+        it has not renewed for longer than the guard (a process restarted right after a
+        crash gets in within about 1.5 renewal intervals). A process that keeps renewing is
+        a real duplicate: NodeIdInUse is raised and this process does not start."""
+        ttl = self.config.lease_ttl
+        give_up_at = trio.current_time() + 1.5 * ttl / 3 + ttl / 3
+        while True:
+            try:
+                await self.register()
+                return
+            except md.NodeIdInUse:
+                if trio.current_time() >= give_up_at:
+                    raise
+                await trio.sleep(min(0.25, ttl / 12))
+
     async def register(self) -> None:
         host, port = self.advertised
         sent = trio.current_time()
@@ -448,7 +464,7 @@ async def _serve(node: Node, task_status) -> None:
                                     config.socket_request_max_bytes)
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
-        await node.register()
+        await node.register_at_start()
         try:
             await node.start_streams()
             node.ready.set()
