@@ -378,6 +378,11 @@ def test_postgres_blips_leave_leaders_and_groups_in_place(cluster, pg_server, ga
         pg_server.start()
         outage = time.monotonic() - stopped_at
         print(f"PostgreSQL down for {outage:.2f}s (gap {gap}s, lease_ttl {LEASE_TTL}s)")
+        margin = max(0.5, LEASE_TTL / 10)
+        if outage > LEASE_TTL - margin - LEASE_TTL / 3:
+            # pg_ctl took so long (a loaded machine) that a renewal sent just before the
+            # stop lapses: self-fencing is then right, and not what this test is about.
+            pytest.skip(f"PostgreSQL was down {outage:.2f}s, longer than the renewal slack")
         # Commits land again, and again after a whole session timeout (members that were
         # going to expire have by then).
         produce(300)
