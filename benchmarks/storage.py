@@ -567,8 +567,13 @@ async def run_case(env: Env, spec: StoreSpec, scenario: str, case_no: int) -> di
     metadata = TimedMetadata(env.metadata)
     node_id = 100 + case_no
     epoch = await env.metadata.register_node(node_id, "127.0.0.1", 19000 + node_id, ttl_s=3600)
+    # Creating a topic is a coordinator action: fenced by the coordinator lease, taken here.
+    lease = await env.metadata.acquire_lease("coordinator", node_id, epoch, ttl_s=60)
+    assert lease is not None, "another process holds the coordinator lease"
     topic = await env.metadata.create_topic(f"bench-{case_no:02d}-{spec.name}-{scenario}",
-                                            cfg.partitions, {}, [node_id] * cfg.partitions)
+                                            cfg.partitions, {}, [node_id] * cfg.partitions,
+                                            coordinator_epoch=lease)
+    await env.metadata.release_lease("coordinator", node_id, lease)
     streams = Streams(node_id, epoch, objects, metadata, wal_max_bytes=wal.wal_max_bytes,
                       wal_max_delay=wal.wal_max_delay, wal_max_uploads=wal.wal_max_uploads,
                       commit_timeout=wal.commit_timeout)

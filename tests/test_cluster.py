@@ -147,7 +147,13 @@ def test_restarted_node_has_a_new_epoch_and_its_old_epoch_is_fenced(cluster):
     cluster.start(2)
     cluster.wait_for(lambda: 2 in cluster.live_nodes(), what="node 2 back")
     assert cluster.node_epoch(2) > old_epoch
-    time.sleep(2 * TICK)  # a few syncs: node 2 must not open what it no longer leads
+    # A node answers no request before it registered and ran its first sync of the view:
+    # once node 2 answers Metadata, that sync is done, and it must not have opened what it
+    # no longer leads.
+    AdminClient({"bootstrap.servers": cluster.nodes[2].address}).list_topics(timeout=30)
+    cluster.wait_for(lambda: cluster.query(
+        "SELECT count(*) FROM leases WHERE holder = 2 AND expires_at > now()")[0][0] > 0,
+        what="node 2 taking background leases (a later round than its first sync)")
     streams = cluster.open_streams("fence")
     leaders = cluster.leaders("fence")
     assert all(streams[p][0] == leaders[p][0] != 2 for p in led_before)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 
 import trio
+import trio.testing
 
 from mink.client import KafkaClient
 from mink.protocol.records import Record, build_batch
@@ -51,14 +52,26 @@ async def test_same_request_twice_is_written_once(node):
     assert [m.value() for m in values] == [b"x", b"a", b"b", b"c", b"d"]
 
 
-async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(node):
+async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(pg_url, pg_proxy,
+                                                                   store_url, nursery):
+    from tests.support.nodes import start_node
+    from tests.support.postgres import via_proxy
+
+    node = await start_node(nursery, node_config(via_proxy(pg_url, pg_proxy), store_url))
     client = await KafkaClient.connect(node)
     init = await client.call(22, 4, init_producer_id_request())
     await client.call(0, 9, produce_request("inflight", 0, build_batch([Record(0, 0, None, b"x")])))
     request = produce_request("inflight", 0, idempotent_batch(init.producer_id, 0, 0, [b"a"]))
-    # The retry is sent before the first answer arrives: it must not be appended again.
+    # The retry is sent while the first is still in flight (its commit cannot reach
+    # PostgreSQL): it must wait for it, not be appended again, nor pass as committed.
+    pg_proxy.stall()
     await client.send(0, 9, request)
     await client.send(0, 9, request)
+    # The node runs in this trio run: once every task is blocked, both requests were read
+    # and applied, the first one's CommitWal is held by the proxy.
+    await trio.testing.wait_all_tasks_blocked(0.05)
+    assert pg_proxy.bytes_held_to_upstream > 0
+    pg_proxy.resume()
     results = [produce_result((await client.receive(0, 9))[1]) for _ in range(2)]
     assert results == [(NONE, 1), (NONE, 1)]
     assert produce_result(await client.call(0, 9, produce_request(

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from mink.storage import migrate as migrate_mod
+from tests.support.metadata import ToolMetadataStore
 from mink.storage.metadata import (
     CommitOutcome,
     InvalidPartitions,
@@ -31,7 +32,7 @@ from mink.storage.metadata import (
 
 @pytest.fixture
 async def store(pg_url, aio_loop):
-    s = await MetadataStore.open(pg_url, min_size=1, max_size=8, timeout=2.0, op_timeout=10.0)
+    s = await ToolMetadataStore.open(pg_url, min_size=1, max_size=8, timeout=2.0, op_timeout=10.0)
     try:
         yield s
     finally:
@@ -90,7 +91,7 @@ async def test_migrations_recorded_and_idempotent(pg_server, pg_url, aio_loop):
     assert [v for v, _ in expected][:2] == [1, 2]
     assert _versions(pg_url) == expected
     assert migrate_mod.migrate_sync(pg_url) == []        # nothing left to apply
-    s = await MetadataStore.open(pg_url)                  # async path, migrations on open
+    s = await ToolMetadataStore.open(pg_url)                  # async path, migrations on open
     await s.aclose()
     assert _versions(pg_url) == expected
 
@@ -679,7 +680,7 @@ async def test_commit_wal_latency(store):
 
 
 async def test_unavailable_while_server_stopped_then_recovers(pg_server, pg_url, aio_loop):
-    store = await MetadataStore.open(pg_url, min_size=2, max_size=4, timeout=1.0, op_timeout=8.0)
+    store = await ToolMetadataStore.open(pg_url, min_size=2, max_size=4, timeout=1.0, op_timeout=8.0)
     try:
         e = await store.register_node(1, "h", 1, ttl_s=60)
         t = await topic_led_by(store, 1, e)
@@ -717,7 +718,7 @@ async def test_unavailable_while_server_stopped_then_recovers(pg_server, pg_url,
 async def test_commit_timeout_is_an_unknown_outcome_then_settled(pg_url, aio_loop):
     """A commit that cannot finish within op_timeout: OutcomeUnknown (never a guess); the
     read-back settles it, and a late repeat of it can no longer succeed."""
-    store = await MetadataStore.open(pg_url, timeout=2.0, op_timeout=0.5)
+    store = await ToolMetadataStore.open(pg_url, timeout=2.0, op_timeout=0.5)
     try:
         e = await store.register_node(1, "h", 1, ttl_s=30)
         t = await topic_led_by(store, 1, e)
@@ -760,7 +761,7 @@ async def test_concurrent_create_topic_one_wins(store):
 async def test_cancelled_operation_returns_its_connection(pg_url, aio_loop):
     """The caller's deadline (trio cancellation) interrupts a blocked commit; the pool keeps
     its only connection and the outcome is then read back and settled."""
-    store = await MetadataStore.open(pg_url, min_size=1, max_size=1, timeout=2.0)
+    store = await ToolMetadataStore.open(pg_url, min_size=1, max_size=1, timeout=2.0)
     try:
         e = await store.register_node(1, "h", 1, ttl_s=30)
         t = await topic_led_by(store, 1, e)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 import trio
+import trio.testing
 
 from mink.protocol.records import Record, build_batch, iter_batches, iter_records
 from mink.storage.log import AppendInDoubt, NotLeader, StorageUnavailable
+from tests.support.metadata import ToolMetadataStore
 from mink.storage.metadata import MetadataStore, OutcomeUnknown
 from mink.storage.objectstore import ObjectStoreUnavailable, open_object_store
 from mink.storage.objectstore.testing import FaultyObjectStore
@@ -33,7 +35,7 @@ async def objects(request, tmp_path, aio_loop):
 
 @pytest.fixture
 async def metadata(pg_url, aio_loop):
-    store = await MetadataStore.open(pg_url)
+    store = await ToolMetadataStore.open(pg_url)
     yield store
     with trio.CancelScope(shield=True):
         await store.aclose()
@@ -306,21 +308,31 @@ async def test_killed_backends_lose_and_duplicate_nothing(metadata, pg_url, nurs
             assert (p, offset) not in acked, "an offset was acknowledged twice"
             acked[(p, offset)] = value
 
-    def kill_backends() -> None:
+    killed = 0
+
+    def kill_backends() -> int:
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            return len(conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall())
 
     async with trio.open_nursery() as producers:
         for p in range(4):
             producers.start_soon(produce, p)
         for _ in range(5):
             await trio.sleep(0.05)
-            await trio.to_thread.run_sync(kill_backends)
+            killed += await trio.to_thread.run_sync(kill_backends)
+    assert killed > 0, "no backend was killed: the fault never happened"
+    assert len(acked) + failed == 4 * 40, "an append was neither acknowledged nor failed"
+    assert acked, "nothing was acknowledged"
+    produced = {f"{p}-{i}".encode() for p in range(4) for i in range(40)}
     for p in range(4):
         stored = dict(await read_all(logs[p]))
         state = await metadata.stream_state(topic.topic_id, p)
         assert state.committed_end == logs[p].high_watermark == len(stored)
+        values = list(stored.values())
+        assert len(set(values)) == len(values), "a message was stored twice"
+        assert set(values) <= produced
         for (q, offset), value in acked.items():
             if q == p:
                 assert stored[offset] == value, "an acknowledged message was lost"
@@ -435,9 +447,10 @@ async def test_a_stopped_writer_releases_producers_waiting_for_room(metadata, nu
             waiter_result.append("not leader")
 
     nursery.start_soon(wait_for_room)
-    await trio.sleep(0.1)
+    await trio.testing.wait_all_tasks_blocked()  # the waiter is at its wait (uploads hang)
     assert waiter_result == [], "the WAL is full: the producer must wait"
     streams.stop()
+    nursery.start_soon(streams.wal.settle_after_stop)  # as Node.stop_leading does
     with trio.fail_after(5):
         while not waiter_result:
             await trio.sleep(0.01)

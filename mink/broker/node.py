@@ -44,6 +44,8 @@ class Node:
         self.objects = objects
         self.node_id = config.node_id
         self.node_epoch = 0
+        # This process: a registration of this node id by another live process is refused.
+        self.incarnation = uuid.uuid4()
         self.advertised: tuple[str, int] = config.advertised_address()
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None
@@ -60,6 +62,9 @@ class Node:
         self._held_by: dict[tuple[uuid.UUID, int], float] = {}
         self._sync_lock = trio.Lock()
         self.last_renewal_sent = 0.0  # trio clock: when the last successful renewal was sent
+        # Others may take this node's partitions lease_ttl after its last successful renewal
+        # was sent; it stops acting as a leader a margin before that (self-fencing).
+        self.lease_margin = max(0.5, config.lease_ttl / 10)
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
         self._nursery: trio.Nursery | None = None
 
@@ -91,12 +96,17 @@ class Node:
                         if partition_log is None or partition_log.closed is not None or (
                                 partition_log.leader_epoch < p.leader_epoch):
                             to_open.append((topic, p))
+            handed_over = []
             for key in [k for k in streams.logs if k not in wanted]:
+                handed_over.append((key, streams.logs[key].leader_epoch))
                 streams.close(*key)
-            if to_open:
+            if to_open or handed_over:
                 # Several opens at once: a new 10,000-partition topic is one round trip each.
                 limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
                 async with trio.open_nursery() as nursery:
+                    for key, leader_epoch in handed_over:
+                        nursery.start_soon(self._close_stream, limiter, streams, key,
+                                           leader_epoch)
                     for topic, p in to_open:
                         nursery.start_soon(self._open_within, limiter, streams, topic, p)
 
@@ -109,6 +119,21 @@ class Node:
                 log.warning("opening %s-%d failed: %s", topic.name, p.index, exc)
             except Exception:  # one partition's trouble must not take the node down
                 log.exception("opening %s-%d failed", topic.name, p.index)
+
+    async def _close_stream(self, limiter: trio.CapacityLimiter, streams: Streams,
+                            key: tuple[uuid.UUID, int], leader_epoch: int) -> None:
+        """A clean hand-over: mark the stream closed, so the new leader opens it at once
+        instead of waiting out the HeldBy grace. Safe at any time: the partition-row lock
+        orders it with this node's commits (one landing after it is refused,
+        not_open_by_node), and it changes nothing unless this incarnation opened it at this
+        leader epoch."""
+        async with limiter:
+            try:
+                with trio.move_on_after(self.config.lease_ttl / 3):
+                    await self.metadata.close_stream(key[0], key[1], leader_epoch,
+                                                     self.node_id, streams.node_epoch)
+            except md.MetadataError as exc:  # the new leader opens after the grace anyway
+                log.info("closing the stream of %s-%d failed: %s", key[0], key[1], exc)
 
     def _still(self, streams: Streams) -> bool:
         """Whether the incarnation that started an open is still the current one."""
@@ -134,8 +159,11 @@ class Node:
             if p.open_leader_epoch == leader_epoch and self._still(streams):
                 # Opened before at this very epoch (by this node before a restart, or by the
                 # node just fenced): a fresh leader epoch tells clients the log may differ.
-                leader_epoch = await self.metadata.lead_partition(
-                    topic.topic_id, p.index, self.node_id, expected_leader_epoch=leader_epoch)
+                # Its own fenced operation (node epoch, leadership, expected leader epoch),
+                # not a coordinator action: no coordinator action runs without its epoch.
+                leader_epoch = await self.metadata.relead_own_partition(
+                    topic.topic_id, p.index, self.node_id, self.node_epoch,
+                    expected_leader_epoch=leader_epoch)
             if not self._still(streams):
                 return None  # this node stopped leading meanwhile
             return await streams.open(topic.topic_id, p.index, leader_epoch)
@@ -145,10 +173,23 @@ class Node:
             log.info("not opening %s-%d: %s", topic.name, p.index, exc)
             return None
 
+    @property
+    def valid_until(self) -> float:
+        """Trio clock: the end of the validity of this node's membership, derived from the
+        send time of its last successful renewal."""
+        return self.last_renewal_sent + self.config.lease_ttl - self.lease_margin
+
+    def may_lead(self) -> bool:
+        """Whether this node may act as a leader right now. Checked by every handler without
+        awaiting anything: the membership loop (or a hung PostgreSQL call in it) cannot make
+        the node act past its validity deadline."""
+        return self.leading and trio.current_time() < self.valid_until
+
     def leader_log(self, topic: TopicInfo, partition: int) -> PartitionLog | None:
-        """The open log of a partition this node leads, or None (not the leader, or still
-        opening): the caller answers NOT_LEADER_OR_FOLLOWER."""
-        if self.streams is None or not self.leading:
+        """The open log of a partition this node leads, or None (not the leader, still
+        opening, or its membership is past its validity deadline): the caller answers
+        NOT_LEADER_OR_FOLLOWER."""
+        if self.streams is None or not self.may_lead():
             return None
         partition_log = self.streams.get(topic.topic_id, partition)
         if partition_log is None or partition_log.closed is not None:
@@ -240,28 +281,36 @@ class Node:
         A refused renewal (its epoch was fenced) also makes it start again, without a
         process restart."""
         ttl = self.config.lease_ttl
-        margin = max(0.5, ttl / 10)
         while True:
             if self.leading:
                 await trio.sleep_until(self.last_renewal_sent + ttl / 3)
             sent = trio.current_time()
-            fence_at = self.last_renewal_sent + ttl - margin
-            deadline = min(sent + ttl / 3, fence_at) if self.leading else sent + ttl / 3
+            fence_at = self.valid_until
+            was_leading = self.leading
+            deadline = min(sent + ttl / 3, fence_at) if was_leading else sent + ttl / 3
             renewed = False
             with trio.move_on_at(deadline):
                 try:
-                    if self.leading:
+                    if was_leading:
                         await self.metadata.heartbeat(self.node_id, self.node_epoch, ttl_s=ttl)
-                        self.last_renewal_sent = sent
+                        # A heartbeat that returned only after this node stopped leading (a
+                        # hung call; the watchdog fenced it) renews nothing: register anew.
+                        if self.leading:
+                            self.last_renewal_sent = sent
+                            renewed = True
                     else:
                         await self.register()  # only the registration races the deadline
-                    renewed = True
+                        renewed = True
                 except StaleEpoch:
                     log.error("membership renewal refused: epoch %d was fenced",
                               self.node_epoch)
                     self.stop_leading("fenced")
                 except MetadataUnavailable as exc:
                     log.warning("membership renewal failed: %s", exc)
+                except md.NodeIdInUse as exc:
+                    log.error("node id %d is in use by another live process (%s:%s, renewed "
+                              "%.1fs ago); not registering while it lives", self.node_id,
+                              exc.host, exc.port, exc.renewed_s_ago or 0.0)
             if renewed:
                 if not self.leading:
                     try:
@@ -273,6 +322,21 @@ class Node:
                 self.stop_leading("membership not renewed within lease_ttl")
             await trio.sleep(min(1.0, ttl / 6))
 
+    async def fencing_watchdog(self) -> None:
+        """Stop leading at the validity deadline even while the membership loop is stuck in a
+        PostgreSQL call that does not return (a query cancel that blocks: move_on_at cannot
+        bound it). Handlers check the deadline themselves (may_lead); this closes the
+        partitions and stops the coordinator on time."""
+        while True:
+            if self.leading and trio.current_time() >= self.valid_until:
+                self.stop_leading(
+                    f"membership not renewed within lease_ttl minus {self.lease_margin:.1f}s "
+                    "(validity deadline passed)")
+            if self.leading:
+                await trio.sleep_until(self.valid_until)
+            else:
+                await trio.sleep(0.05)
+
     def stop_leading(self, why: str) -> None:
         """Self-fencing: close every partition, stop coordinating; requests get retriable
         errors until this node registers again."""
@@ -282,8 +346,12 @@ class Node:
         self.leading = False
         self.coordinator.drop()
         if self.streams is not None:
-            self.streams.stop()
-            self.streams = None
+            streams, self.streams = self.streams, None
+            streams.stop()
+            if self._nursery is not None:
+                # Appends in WAL objects on their way get their real outcome, read back
+                # once PostgreSQL answers, not a guess (or a REQUEST_TIMED_OUT).
+                self._nursery.start_soon(streams.wal.settle_after_stop)
 
     async def start_streams(self) -> None:
         config = self.config
@@ -319,11 +387,31 @@ class Node:
                 log.warning("change-log listener unavailable: %s", group.exceptions[0])
             await trio.sleep(poll)
 
+    async def register_at_start(self) -> None:
+        """Register; while another incarnation of this node id looks alive, try again until
+        it has not renewed for longer than the guard (a process restarted right after a
+        crash gets in within about 1.5 renewal intervals). A process that keeps renewing is
+        a real duplicate: NodeIdInUse is raised and this process does not start."""
+        ttl = self.config.lease_ttl
+        give_up_at = trio.current_time() + 1.5 * ttl / 3 + ttl / 3
+        while True:
+            try:
+                await self.register()
+                return
+            except md.NodeIdInUse:
+                if trio.current_time() >= give_up_at:
+                    raise
+                await trio.sleep(min(0.25, ttl / 12))
+
     async def register(self) -> None:
         host, port = self.advertised
         sent = trio.current_time()
+        ttl = self.config.lease_ttl
+        # Another incarnation renewed within about 1.5 renewal intervals is alive: refused.
+        # A crashed one stops renewing, so a restart after a SIGKILL is accepted soon.
         self.node_epoch = await self.metadata.register_node(
-            self.node_id, host, port, rack=self.config.rack, ttl_s=self.config.lease_ttl)
+            self.node_id, host, port, rack=self.config.rack, ttl_s=ttl,
+            incarnation=self.incarnation, guard_s=1.5 * ttl / 3)
         self.last_renewal_sent = sent
         log.info("node %d registered at epoch %d, advertising %s:%d", self.node_id,
                  self.node_epoch, host, port)
@@ -376,11 +464,13 @@ async def _serve(node: Node, task_status) -> None:
                                     config.socket_request_max_bytes)
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
-        await node.register()
+        await node.register_at_start()
         try:
             await node.start_streams()
             node.ready.set()
             nursery.start_soon(node.membership_loop)
+            nursery.start_soon(node.fencing_watchdog)
+            nursery.start_soon(node.producer_ids.run)
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)

@@ -30,16 +30,34 @@ def setup_logging(config: Config) -> None:
 
 async def run_until_signal(config: Config) -> int:
     from mink.broker.node import run_node
+    from mink.storage.metadata import NodeIdInUse
 
+    refused: list[NodeIdInUse] = []
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(run_node, config)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_node, config)
 
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    log.info("%s received, stopping", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    return
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        log.info("%s received, stopping", signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+                        return
 
-            nursery.start_soon(stop_on_signal)
+                nursery.start_soon(stop_on_signal)
+        except* NodeIdInUse as group:
+            refused.extend(_leaves(group))
+    if refused:
+        exc = refused[0]
+        log.error("node id %d is in use by another live process (%s:%s, renewed %.1fs ago): "
+                  "not starting; give this process another node_id", config.node_id,
+                  exc.host, exc.port, exc.renewed_s_ago or 0.0)
+        return 2
     return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list:
+    out: list = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -231,16 +231,20 @@ class PartitionLog:
                                 for p in kept if p.producer is not None])
 
     def close(self, error: LogError) -> None:
-        """This node lost the partition (or is shutting down): fail everything pending.
-        Appends already in a WAL object on its way may still be committed: they are
-        answered as in doubt, never as failed (the client decides; never guess)."""
+        """This node lost the partition (or is shutting down): fail everything pending that
+        is not in a WAL object yet. Appends already in a WAL object on its way stay pending:
+        their object's outcome answers them (the WAL writer, or after a stop the read-back of
+        its outcome from PostgreSQL), never a guess; a handler whose deadline passes first
+        answers in doubt."""
         if self.closed is None:
             self.closed = error
-            in_doubt = AppendInDoubt(f"the partition closed while its commit was in flight "
-                                     f"({error})")
             for pending in self.pending:
-                pending.resolve(in_doubt if pending.sealed else error)
-            self.reset(error)
+                if not pending.sealed:
+                    pending.resolve(error)
+            self.generation += 1
+            self.pending = collections.deque(p for p in self.pending if not p.done.is_set())
+            self.next_offset = self.committed_end
+            self.producers.rebuild([])
             self.caches.drop_tail(self)
             self._wake()
 

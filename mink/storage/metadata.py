@@ -27,6 +27,7 @@ checked; no restart of the store is needed when PostgreSQL comes back.
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
 import logging
 import select
@@ -52,8 +53,9 @@ __all__ = [
     "ProducerStateUpdate", "WalRange", "WalObject", "RangeOutcome", "CommitOutcome",
     "IndexRow", "ProducerState", "Change",
     # errors
-    "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "StaleEpoch", "NotLeader",
+    "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "MetadataRejected", "StaleEpoch", "NotLeader",
     "TopicExists", "UnknownTopic", "InvalidPartitions", "UnknownNode", "NodeAlive",
+    "NodeIdInUse",
 ]
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,12 @@ class MetadataUnavailable(MetadataError):
 class OutcomeUnknown(MetadataUnavailable):
     """The connection was lost (or the operation timed out) after a write was sent: it may or
     may not have been committed. Never guess: read the outcome back."""
+
+
+class MetadataRejected(MetadataError):
+    """PostgreSQL refused the statement with an error of its own (a data exception, a
+    constraint): the transaction was rolled back, nothing was written, and sending the same
+    statement again fails the same way. Not retriable as it is."""
 
 
 class StaleEpoch(MetadataError):
@@ -111,6 +119,17 @@ class InvalidPartitions(MetadataError):
 
 class UnknownNode(MetadataError):
     pass
+
+
+class NodeIdInUse(MetadataError):
+    """register_node refused: another process (incarnation) renews this node id right now."""
+
+    def __init__(self, message: str, detail: dict[str, Any]):
+        super().__init__(message)
+        self.incarnation = detail.get("incarnation")
+        self.host = detail.get("host")
+        self.port = detail.get("port")
+        self.renewed_s_ago = detail.get("renewed_s_ago")
 
 
 class NodeAlive(MetadataError):
@@ -267,8 +286,11 @@ _view_decoder = msgspec.json.Decoder(View)
 # SQL
 
 SQL_REGISTER_NODE = "SELECT mink_register_node(%s::int, %s::text, %s::int, %s::text, %s::float8)"
+SQL_REGISTER_INCARNATION = """
+SELECT mink_register_incarnation(%s::int, %s::text, %s::int, %s::text, %s::float8, %s::uuid,
+                                 %s::float8)"""
 SQL_HEARTBEAT = """
-UPDATE nodes SET expires_at = now() + %s::float8 * interval '1 second'
+UPDATE nodes SET expires_at = now() + %s::float8 * interval '1 second', renewed_at = now()
  WHERE node_id = %s AND epoch = %s AND expires_at <> '-infinity'
 RETURNING epoch"""
 SQL_LEAVE = "SELECT mink_leave_node(%s::int, %s::bigint)"
@@ -332,6 +354,8 @@ SELECT json_build_object(
   FROM cluster AS c"""
 
 SQL_LEAD_PARTITION = "SELECT mink_lead_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"
+SQL_RELEAD_OWN_PARTITION = """
+SELECT mink_relead_own_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"""
 SQL_LEAD_PARTITIONS = """
 SELECT mink_lead_partition(m.topic_id, m.partition, m.node, %s::bigint, m.expected)
   FROM unnest(%s::uuid[], %s::int[], %s::int[], %s::int[])
@@ -341,6 +365,9 @@ _STREAM_COLUMNS = """topic_id, partition, leader_node, leader_epoch, stream_stat
        opened_by_epoch, open_leader_epoch, log_start_offset, committed_end, max_timestamp"""
 SQL_OPEN_STREAM = f"""
 SELECT {_STREAM_COLUMNS} FROM mink_open_stream(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
+SQL_OPEN_STREAM_WITH_PRODUCERS = "SELECT " + ", ".join(
+    f"(stream).{c.strip()}" for c in _STREAM_COLUMNS.split(",")) + """, producers::text
+  FROM mink_open_stream_with_producers(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
 SQL_CLOSE_STREAM = """
 UPDATE partitions SET stream_state = 'closed'
  WHERE topic_id = %(topic_id)s AND partition = %(partition)s AND stream_state = 'open'
@@ -464,6 +491,8 @@ def _domain_error(e: psycopg.Error) -> MetadataError | None:
         return UnknownNode(message)
     if state == "MK007":
         return NodeAlive(message)
+    if state == "MK008":
+        return NodeIdInUse(message, msgspec.json.decode(e.diag.message_detail or "{}"))
     return None
 
 
@@ -522,6 +551,15 @@ class _Kind(enum.Enum):
 READ, IDEMPOTENT, WRITE = _Kind.READ, _Kind.IDEMPOTENT, _Kind.WRITE
 
 Op = Callable[[psycopg.AsyncConnection], Awaitable[Any]]
+
+
+# psycopg_pool retries a failed connection attempt after 1 s, then 2 s, 4 s...: after a
+# PostgreSQL restart of a fraction of a second the pool stayed empty for seconds, longer than
+# a node's renewal slack (lease_ttl / 3 between renewals), and every node stopped leading.
+# Its back-off has no parameter; these class attributes are what it reads. Start at 50 ms and
+# grow by half each time (capped by reconnect_timeout, after which a request starts afresh).
+psycopg_pool.base.AttemptWithBackoff.INITIAL_DELAY = 0.05
+psycopg_pool.base.AttemptWithBackoff.DELAY_BACKOFF = 1.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,6 +675,8 @@ class MetadataStore:
                         if e.sqlstate and e.sqlstate.startswith(_UNAVAILABLE_PREFIXES):
                             raise MetadataUnavailable(str(e)) from e
                         if not _connection_lost(e, conn):
+                            if e.sqlstate:  # the server answered: rolled back, not applied
+                                raise MetadataRejected(f"{e.sqlstate}: {e}") from e
                             raise
                         logger.info("metadata connection lost: %s", e)
                         await self._recover(pool)
@@ -729,8 +769,16 @@ class MetadataStore:
     # -- membership ----------------------------------------------------------------------------
 
     async def register_node(self, node_id: int, host: str, port: int, rack: str | None = None,
-                            *, ttl_s: float = 30.0) -> int:
-        """RegisterNode: the new node epoch (previous + 1, 1 for a new node id)."""
+                            *, ttl_s: float = 30.0, incarnation: uuid.UUID | None = None,
+                            guard_s: float = 0.0) -> int:
+        """RegisterNode: the new node epoch (previous + 1, 1 for a new node id). With an
+        incarnation (a node process passes its own): NodeIdInUse if another incarnation
+        renewed this node id within guard_s seconds and is live."""
+        if incarnation is not None:
+            row = await self._one(WRITE, SQL_REGISTER_INCARNATION, (
+                node_id, host, port, rack, ttl_s, incarnation, guard_s))
+            assert row is not None
+            return row[0]
         row = await self._one(WRITE, SQL_REGISTER_NODE, (node_id, host, port, rack, ttl_s))
         assert row is not None
         return row[0]
@@ -868,10 +916,23 @@ class MetadataStore:
                              expected_leader_epoch: int | None = None) -> int:
         """LeadBucket: node_id leads the partition at the returned (new) leader epoch.
         StaleEpoch('stale_coordinator_epoch') unless coordinator_epoch is the live
-        coordinator lease's epoch (None: not checked); StaleEpoch('leader_epoch_changed') if
+        coordinator lease's epoch (None is refused: StaleEpoch('missing_coordinator_epoch'),
+        no coordinator action runs unfenced); StaleEpoch('leader_epoch_changed') if
         expected_leader_epoch is given and is not the current one; UnknownTopic."""
         row = await self._one(WRITE, SQL_LEAD_PARTITION, (
             topic_id, partition, node_id, coordinator_epoch, expected_leader_epoch))
+        assert row is not None
+        return row[0]
+
+    async def relead_own_partition(self, topic_id: uuid.UUID, partition: int, node_id: int,
+                                   node_epoch: int, *, expected_leader_epoch: int) -> int:
+        """The partition's leader takes a fresh leader epoch for itself (it restarted, or the
+        node it took over from had opened the stream at this epoch). Not a coordinator action:
+        fenced by the node epoch (StaleEpoch('stale_node_epoch') unless current and live), by
+        leadership (NotLeader) and by the expected leader epoch
+        (StaleEpoch('leader_epoch_changed')). Returns the new leader epoch."""
+        row = await self._one(WRITE, SQL_RELEAD_OWN_PARTITION, (
+            topic_id, partition, node_id, node_epoch, expected_leader_epoch))
         assert row is not None
         return row[0]
 
@@ -889,12 +950,27 @@ class MetadataStore:
     async def open_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                           node_id: int, node_epoch: int) -> StreamState:
         """OpenStream: refused unless node_id is the partition's leader at leader_epoch
-        (NotLeader, with the current leader) and node_epoch is current (StaleEpoch).
+        (NotLeader, with the current leader) and node_epoch is current (StaleEpoch; read
+        without a lock: the partition-row lock and the leader epoch are the fence, see
+        commit_wal).
         Records the opener and the leader epoch's start offset. Returns the state after."""
         row = await self._one(WRITE, SQL_OPEN_STREAM, (
             topic_id, partition, leader_epoch, node_id, node_epoch))
         assert row is not None
         return StreamState(*row)
+
+    async def open_stream_with_producers(
+            self, topic_id: uuid.UUID, partition: int, leader_epoch: int, node_id: int,
+            node_epoch: int) -> tuple[StreamState, list[ProducerStateUpdate]]:
+        """OpenStream (as open_stream) and the partition's producer states, read in the same
+        transaction after the partition-row lock: a late CommitWal of an earlier opener is
+        either in both (committed before) or refused (not_open_by_node)."""
+        row = await self._one(WRITE, SQL_OPEN_STREAM_WITH_PRODUCERS, (
+            topic_id, partition, leader_epoch, node_id, node_epoch))
+        assert row is not None
+        producers = [ProducerStateUpdate(pid, epoch, base64.b64decode(state))
+                     for pid, epoch, state in msgspec.json.decode(row[-1])]
+        return StreamState(*row[:-1]), producers
 
     async def close_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                            node_id: int, node_epoch: int) -> bool:
@@ -920,7 +996,14 @@ class MetadataStore:
         reason 'stale_node_epoch' and nothing is written. Otherwise each range is decided on
         its own (see mink_commit_wal in 0002_operations.sql for the reasons). Keyed by object
         key: a key decided before returns its first outcome (repeated=True) and changes
-        nothing, so this is safe to call again after OutcomeUnknown."""
+        nothing, so this is safe to call again after OutcomeUnknown.
+
+        Where the epochs are checked: the node epoch is read without a lock (a
+        registration or fence may commit just after the check). That is safe because the
+        real fence is per partition, under its row lock (FOR UPDATE): the stream must be open
+        by this very (node, node epoch) at the range's leader epoch. A new incarnation or a
+        new leader opens the stream under the same lock before it accepts anything, so a
+        commit that passed the node-epoch check late is refused (not_open_by_node)."""
         if not objects:
             return []
         keys = [o.key for o in objects]

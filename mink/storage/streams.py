@@ -64,12 +64,13 @@ class Streams:
             if current.leader_epoch == leader_epoch:
                 return current
             current.close(NotLeader("reopened at a new leader epoch"))
-        state = await self.metadata.open_stream(topic_id, partition, leader_epoch,
-                                                self.node_id, self.node_epoch)
+        # The producer states come from the same transaction as the open, after the
+        # partition-row lock (a late commit of an earlier opener is in both or refused).
+        state, producers = await self.metadata.open_stream_with_producers(
+            topic_id, partition, leader_epoch, self.node_id, self.node_epoch)
         opened = PartitionLog(topic_id, partition, leader_epoch, state.committed_end,
                               state.log_start_offset, self.wal, self.caches)
-        opened.producers.load([decode_entry(s.producer_id, s.state)
-                               for s in await self.metadata.producer_states(topic_id, partition)])
+        opened.producers.load([decode_entry(s.producer_id, s.state) for s in producers])
         self.logs[(topic_id, partition)] = opened
         log.debug("opened %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
                  leader_epoch, state.log_start_offset, state.committed_end)

@@ -29,12 +29,20 @@ from mink.storage.log import (
     PendingAppend,
     StorageUnavailable,
 )
-from mink.storage.metadata import MetadataUnavailable, StaleEpoch, WalObject, WalRange
+from mink.storage.metadata import (
+    MetadataError,
+    MetadataRejected,
+    MetadataUnavailable,
+    StaleEpoch,
+    WalObject,
+    WalRange,
+)
 from mink.storage.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 FOOTER_MAGIC = b"MWAL"
+REJECTED = "rejected_by_postgresql"  # a commit PostgreSQL refused with an error of its own
 _FOOTER_TRAILER = struct.Struct(">I4s")
 
 
@@ -116,6 +124,8 @@ class _WalObject:
     data_bytes: int
     uploaded: trio.Event = field(default_factory=trio.Event)
     upload_error: Exception | None = None
+    # The ranges sent to CommitWal, in request order (None until it is sent).
+    requested: list[_Range] | None = None
 
 
 class WalWriter:
@@ -143,6 +153,7 @@ class WalWriter:
         self._in_flight: collections.deque[_WalObject] = collections.deque()
         self._object_uploaded = trio.Event()
         self._seq = 0
+        self._committing: list[_WalObject] = []
         self.stopped = False
 
     # -- called by PartitionLog.append, synchronously -------------------------------------
@@ -254,7 +265,9 @@ class WalWriter:
             ready: list[_WalObject] = []
             while self._in_flight and self._in_flight[0].uploaded.is_set():
                 ready.append(self._in_flight.popleft())
+            self._committing = ready
             await self._commit(ready)
+            self._committing = []
             self._unflushed_bytes -= sum(obj.data_bytes for obj in ready)
             self._signal_room()
 
@@ -271,13 +284,20 @@ class WalWriter:
                     if r.is_current():
                         r.log.reset(StorageUnavailable(f"upload failed: {obj.upload_error}"),
                                     from_offset=r.base_offset)
+                    else:
+                        _not_committed(r, "its upload failed")
                 # It may have landed after all (an answer lost): never let it be committed.
                 await self._queue_deletion([obj.key], "upload failed")
                 continue
             # Ranges failed by an earlier reset are never committed, so a rewound
-            # partition cannot see an old range land on its new offsets.
+            # partition cannot see an old range land on its new offsets. Appends of a
+            # partition closed meanwhile are never sent: definitely not committed.
             live = [r for r in obj.ranges if r.is_current()]
+            for r in obj.ranges:
+                if not r.is_current():
+                    _not_committed(r, "the partition closed before its commit")
             if live:
+                obj.requested = live
                 to_commit.append((obj, live))
             else:
                 await self._queue_deletion([obj.key], "wal object with no live range")
@@ -289,6 +309,17 @@ class WalWriter:
         outcomes = await self._commit_until_known(request, [r for _, live in to_commit
                                                             for r in live])
         for (obj, live), outcome in zip(to_commit, outcomes, strict=True):
+            if outcome.ranges and outcome.ranges[0].reason == REJECTED:
+                # Not written, and not a lost partition: its appends fail retriably and
+                # the partition rewinds, as after a failed upload.
+                for r in live:
+                    if r.is_current():
+                        r.log.reset(StorageUnavailable("commit rejected by PostgreSQL"),
+                                    from_offset=r.base_offset)
+                    else:
+                        _not_committed(r, "commit rejected by PostgreSQL")
+                await self._queue_deletion([obj.key], "commit rejected")
+                continue
             for r, result in zip(live, outcome.ranges, strict=True):
                 if result.accepted:
                     r.log.committed(r.chunks())
@@ -297,6 +328,52 @@ class WalWriter:
                     for entry in r.entries:  # known outcome: refused, not in doubt
                         entry.pending.resolve(refused)
                     self._fenced(r.log, result.reason)
+        for (obj, _), outcome in zip(to_commit, outcomes, strict=True):
+            rejected = bool(outcome.ranges) and outcome.ranges[0].reason == REJECTED
+            if not rejected and not any(r.accepted for r in outcome.ranges):
+                # Nothing of it is used. PostgreSQL queues most refused objects itself, but a
+                # stale node epoch is refused before anything is recorded: queue it here
+                # (abandoned first, so it can never be committed once deleted).
+                await self._queue_deletion([obj.key], "refused at commit")
+
+    async def settle_after_stop(self) -> None:
+        """After stop(): the appends still waiting in WAL objects that were uploading or being
+        committed get their real outcome, read back from PostgreSQL (which also settles it: a
+        key nobody decided on is abandoned, so a late CommitWal of it is refused). Run by the
+        node, which outlives this writer; repeated until PostgreSQL answers, so producers
+        whose requests are still waiting are answered with what happened, across
+        self-fencing and re-registration, and never with a guess."""
+        objects = [obj for obj in [*self._committing, *self._in_flight]
+                   if any(not e.pending.done.is_set() for r in obj.ranges for e in r.entries)]
+        if not objects:
+            return
+        keys = [obj.key for obj in objects]
+        delay = 0.1
+        while True:
+            outcomes = None
+            with trio.move_on_after(self.commit_timeout):
+                try:
+                    outcomes = await self.metadata.commit_outcome(keys, settle=True)
+                except MetadataError as exc:
+                    log.warning("reading back the outcome of %d WAL objects failed: %s",
+                                len(keys), exc)
+            if outcomes is not None:
+                break
+            await trio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+        for obj in objects:
+            outcome = outcomes.get(obj.key)
+            accepted: set[int] = set()
+            if outcome is not None and outcome.committed and obj.requested is not None:
+                for r, result in zip(obj.requested, outcome.ranges, strict=False):
+                    if result.accepted:
+                        accepted.add(id(r))
+                        r.log.committed(r.chunks())
+            for r in obj.ranges:
+                if id(r) not in accepted:
+                    _not_committed(r, "not committed (read back after this node stopped "
+                                      "leading)")
+        log.info("read back the outcome of %d WAL objects after stopping", len(objects))
 
     def _fenced(self, log_: PartitionLog, reason: str) -> None:
         if log_.closed is None:
@@ -319,6 +396,13 @@ class WalWriter:
                         except StaleEpoch as exc:
                             # The whole node was fenced: every range is refused.
                             return [_refused_whole(obj, exc.reason) for obj in request]
+                        except MetadataRejected as exc:
+                            # PostgreSQL refused the statement itself (a data exception):
+                            # rolled back, so definitely not committed. Repeating it would
+                            # fail the same way and hold up every later commit.
+                            log.error("commit of %s rejected by PostgreSQL: %s",
+                                      request[0].key, exc)
+                            return [_refused_whole(obj, REJECTED) for obj in request]
                         except MetadataUnavailable as exc:
                             log.warning("commit of %s in doubt: %s", request[0].key, exc)
                         except Exception:  # unknown: treat as in doubt, repeat, never guess
@@ -343,6 +427,13 @@ class WalWriter:
                 await self.metadata.queue_for_deletion(keys, reason)
         except Exception as exc:  # a node restart settles them (Streams.settle_orphans)
             log.warning("could not queue %s for deletion: %s", keys, exc)
+
+
+def _not_committed(r: _Range, why: str) -> None:
+    """A range that was definitely not committed: its waiting appends fail, retriably."""
+    error = NotLeader(why)
+    for entry in r.entries:
+        entry.pending.resolve(error)
 
 
 @dataclass

@@ -56,3 +56,28 @@ def pg_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
 
 def pg_data_dir(server: EmbeddedPostgres) -> Path:
     return server.data_dir
+
+
+def via_proxy(url: str, proxy) -> str:
+    """The same PostgreSQL URL, through a mink.testing.proxy.TcpProxy."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    user, _, _ = parts.netloc.rpartition("@")
+    host, port = proxy.address
+    netloc = f"{user}@{host}:{port}" if user else f"{host}:{port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+@pytest.fixture
+async def pg_proxy(nursery, pg_url):
+    """A TcpProxy in front of the test's PostgreSQL (stall, cut, delay, drop replies); pass
+    `via_proxy(pg_url, pg_proxy)` to what should reach PostgreSQL through it."""
+    import urllib.parse
+
+    from mink.testing.proxy import TcpProxy
+
+    parts = urllib.parse.urlsplit(pg_url)
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    await nursery.start(proxy.run)
+    return proxy

@@ -8,7 +8,7 @@ from mink.protocol.messages import build, nested
 
 
 def produce_request(topic: str, partition: int, records: bytes, version: int = 9,
-                    acks: int = -1):
+                    acks: int = -1, timeout_s: float = 10.0):
     import datetime
 
     schema = load_request_schema(0, version)
@@ -17,7 +17,7 @@ def produce_request(topic: str, partition: int, records: bytes, version: int = 9
     topic_data = build(nested(schema, "TopicProduceData"), name=topic,
                        partition_data=(partition_data,))
     return build(schema, transactional_id=None, acks=acks,
-                 timeout=datetime.timedelta(seconds=10), topic_data=(topic_data,))
+                 timeout=datetime.timedelta(seconds=timeout_s), topic_data=(topic_data,))
 
 
 def init_producer_id_request(version: int = 4, producer_id: int = -1, epoch: int = -1):

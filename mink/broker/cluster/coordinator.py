@@ -156,7 +156,8 @@ class ClusterCoordinator:
         await self._apply(plan_orphan_moves(view), "orphaned")
         for request_id in await self.node.metadata.pending_cluster_requests("rebalance"):
             moves = plan_rebalance(await self.node.metadata.view())
-            await self._apply(moves, "rebalance")
+            if not await self._apply(moves, "rebalance"):
+                return  # refused or deposed: the request stays pending for the next holder
             await self.node.metadata.finish_cluster_request(request_id, {"moves": len(moves)})
         self._ticks += 1
         if self._ticks % COLLECT_EVERY_TICKS == 1:
@@ -183,16 +184,26 @@ class ClusterCoordinator:
             log.info("garbage collection deleted %d objects", deleted)
         return deleted
 
-    async def _apply(self, moves: list[Move], why: str) -> None:
+    async def _apply(self, moves: list[Move], why: str) -> bool:
+        """LeadBucket for every move, under the lease epoch; whether they were applied."""
         if not moves:
-            return
+            return True
+        # Read the epoch only now, after the awaits that planned the moves: drop() (this node
+        # stopped leading meanwhile) leaves None, and a deposed coordinator must not act.
+        # PostgreSQL refuses a missing epoch too (missing_coordinator_epoch).
+        epoch = self.lease_epoch
+        if epoch is None or not self.node.leading:
+            log.warning("%d %s moves not applied: this node is no longer the coordinator",
+                        len(moves), why)
+            return False
         try:
-            await self.node.metadata.lead_partitions(moves, coordinator_epoch=self.lease_epoch)
+            await self.node.metadata.lead_partitions(moves, coordinator_epoch=epoch)
         except StaleEpoch as exc:
             # Lost the lease, or a partition moved meanwhile: the next tick starts afresh.
             log.warning("%s moves refused: %s", why, exc)
-            if exc.reason == "stale_coordinator_epoch":
+            if exc.reason in ("stale_coordinator_epoch", "missing_coordinator_epoch"):
                 self.lease_epoch = None
-            return
+            return False
         log.info("moved %d %s partitions", len(moves), why)
         await self.node.refresh_view()
+        return True

@@ -929,16 +929,28 @@ class GroupCoordinator:
             else:
                 accepted.append(offset)
         if accepted:
-            written = self._write(group, lambda fence: self.store.commit_offsets(
-                fence, group_id, accepted))
-            error = await written.wait()
-            if error == ErrorCode.request_timed_out:
+            async def write(fence: Fence) -> None:
+                await self.store.commit_offsets(fence, group_id, accepted)
+                # Durable: the cache follows, also when the request stopped waiting.
+                if group.state is not DEAD:
+                    now_ms = int(trio.current_time() * 1000)
+                    for o in accepted:
+                        group.offsets[(o.topic, o.partition)] = OffsetAndMetadata(
+                            o.offset, o.leader_epoch, o.metadata, now_ms)
+
+            written = self._write(group, write)
+            # Responses stay in order per connection, so a commit waiting on PostgreSQL holds
+            # back the member's heartbeats: wait at most a third of its session timeout, then
+            # answer as Kafka maps a timed-out offsets append (the client commits again).
+            member = group.members.get(member_id)
+            session_ms = (member.session_timeout_ms if member is not None
+                          else self.node.config.group_min_session_timeout_ms)
+            with trio.move_on_after(session_ms / 3000):
+                error = await written.wait()
+            if not written.is_set:
+                error = ErrorCode.coordinator_not_available
+            elif error == ErrorCode.request_timed_out:
                 error = ErrorCode.coordinator_not_available  # Kafka's mapping for commits
-            if error == ErrorCode.none and group.state is not DEAD:
-                now_ms = int(trio.current_time() * 1000)
-                for o in accepted:
-                    group.offsets[(o.topic, o.partition)] = OffsetAndMetadata(
-                        o.offset, o.leader_epoch, o.metadata, now_ms)
             for o in accepted:
                 results[(o.topic, o.partition)] = error
         return results

@@ -4,11 +4,13 @@ KIP-360, how the Java client recovers from OUT_OF_ORDER_SEQUENCE_NUMBER), the ne
 
 from __future__ import annotations
 
+import trio
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.transactions.producer_ids import WAIT_FOR_BLOCK_S, ProducerIdsUnavailable
 from mink.protocol.messages import build, response_schema
-from mink.storage.metadata import MetadataUnavailable
+from mink.storage.metadata import MetadataError
 
 MAX_EPOCH = 32767
 
@@ -28,12 +30,18 @@ async def handle(node, ctx, request):
     current_epoch = getattr(request, "producer_epoch", -1)
     try:
         if current_id >= 0 and current_epoch >= 0:
-            if not await node.metadata.producer_id_issued(current_id):
+            with trio.move_on_after(WAIT_FOR_BLOCK_S) as waited:
+                issued = await node.metadata.producer_id_issued(current_id)
+            if waited.cancelled_caught:
+                return answer(ErrorCode.coordinator_not_available)
+            if not issued:
                 return answer(ErrorCode.invalid_producer_id_mapping)
             if current_epoch + 1 < MAX_EPOCH:
                 return answer(ErrorCode.none, current_id, current_epoch + 1)
         elif current_id >= 0 or current_epoch >= 0:
             return answer(ErrorCode.invalid_request)
         return answer(ErrorCode.none, await node.producer_ids.next_id(), 0)
-    except MetadataUnavailable:
+    except (MetadataError, ProducerIdsUnavailable):
+        # PostgreSQL cannot be asked now: retriable, so the producer tries again (a fatal
+        # error would wedge an idempotent producer for good).
         return answer(ErrorCode.coordinator_not_available)

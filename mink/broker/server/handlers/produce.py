@@ -56,7 +56,7 @@ async def handle(node, ctx, request):
         await node.auto_create_topics([t.name for t in request.topic_data
                                        if t.name not in node.view.topics])
     streams = node.streams
-    if streams is None:
+    if streams is None or not node.may_lead():
         return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
     try:
         with trio.fail_at(deadline):
