@@ -269,3 +269,12 @@ def test_varints_wrap_as_java_reads_them():
     assert _both(record, 1, 2**63 - 5, wrapped, wrapped, True, False) == (None, -1, [])
     assert _both(record, 1, 2**63 - 5, 0, 2**63 - 1, True, False) == (
         None, -1, [(0, record_walk.TIMESTAMP, wrapped)])
+
+
+def test_header_keys_must_be_utf8():
+    # Kafka decodes them with replacement characters; kafka-python's consumer fails on them.
+    body = b"\x00\x00\x00\x01\x02v\x02\x02\xff\x01"  # one header, key b"\xff", value null
+    section = bytes([len(body) << 1]) + body
+    assert "not UTF-8" in _both(section, 1, NOW, 0, 0, False, False)[0]
+    ok = encode_records([Record(0, 0, None, b"v", (("clé", b"x"),))])
+    assert _both(ok, 1, NOW, -(2**63), 2**63 - 1, True, False) == (None, NOW, [])

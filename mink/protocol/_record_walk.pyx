@@ -3,6 +3,7 @@
 result for result. Built by `pip install -e .` (setup.py); without it the pure-Python one runs.
 """
 
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 cdef enum:
@@ -56,6 +57,15 @@ cdef inline int read_varlong(const unsigned char* buf, Py_ssize_t* pos, Py_ssize
             return LONG_VARINT
 
 
+cdef inline bint ascii_only(const unsigned char* buf, Py_ssize_t start,
+                           Py_ssize_t end) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(start, end):
+        if buf[i] >= 0x80:
+            return False
+    return True
+
+
 cdef str _varint_error(int status, str what):
     if status == EOF:
         return "premature end of the records"
@@ -67,7 +77,7 @@ def walk_records(data, Py_ssize_t count, int64_t base_timestamp, int64_t timesta
     cdef const unsigned char[::1] view = data
     cdef const unsigned char* buf = &view[0] if view.shape[0] else NULL
     cdef Py_ssize_t end = view.shape[0]
-    cdef Py_ssize_t pos = 0, start, index = 0, h
+    cdef Py_ssize_t pos = 0, start, start_key, index = 0, h
     cdef int32_t size, offset_delta, key_length, length, header_count
     cdef int64_t timestamp_delta, timestamp, max_timestamp = -1
     cdef int status
@@ -123,9 +133,16 @@ def walk_records(data, Py_ssize_t count, int64_t base_timestamp, int64_t timesta
                 return _varint_error(status, "int"), max_timestamp, errors
             if length < 0:
                 return "invalid negative header key size", max_timestamp, errors
+            start_key = pos
             pos += length
             if pos > end:
                 return "header key runs past the end of the records", max_timestamp, errors
+            if not ascii_only(buf, start_key, pos):
+                try:
+                    PyUnicode_DecodeUTF8(<const char*>buf + start_key, length, NULL)
+                except UnicodeDecodeError:
+                    return (f"a header key of record {index} is not UTF-8", max_timestamp,
+                            errors)
             status = read_varint(buf, &pos, end, &length)
             if status:
                 return _varint_error(status, "int"), max_timestamp, errors

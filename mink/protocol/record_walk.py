@@ -23,7 +23,8 @@ walk_records(data, count, base_timestamp, timestamp_low, timestamp_high,
 Varints are read as Java's ByteUtils reads them: at most 5 bytes for an int, 10 for a long,
 bits past 32 (64) dropped, then zigzag-decoded. Key, value and header-value lengths below -1
 are refused (Kafka reads them as null; librdkafka refuses them, and consumers must read
-every acknowledged batch).
+every acknowledged batch), and so are header keys that are not UTF-8 (Kafka decodes them
+with replacement characters; kafka-python and aiokafka consumers fail on them).
 """
 
 from __future__ import annotations
@@ -125,9 +126,14 @@ def walk_records(data, count: int, base_timestamp: int, timestamp_low: int,
                 header_key_length, pos = _varint(buf, pos, end)
                 if header_key_length < 0:
                     raise _Malformed("invalid negative header key size")
+                key_start = pos
                 pos += header_key_length
                 if pos > end:
                     raise _Malformed("header key runs past the end of the records")
+                try:
+                    bytes(buf[key_start:pos]).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _Malformed(f"a header key of record {index} is not UTF-8") from None
                 pos = _skip_bytes(buf, pos, end, "header value")
             if pos - start != size:
                 raise _Malformed(f"invalid record size: record {index} says {size} bytes, "
