@@ -1,6 +1,6 @@
 """What Kafka's LogValidator costs on Produce (issue 12), in one run:
 
-1. focused: `validate_produce_records` over realistic batches (1 KiB records; 16 KiB, 256 KiB
+1. focused (CPU time per call): `validate_produce_records` over realistic batches (1 KiB records; 16 KiB, 256 KiB
    and 1 MiB batches; uncompressed and every codec), header checks only (validation off) vs
    the full record walk (compiled, and the pure-Python fallback), and decompression alone;
 2. end to end: confluent-kafka producing 1 KiB messages (acks=all, linger.ms 5, one node,
@@ -58,12 +58,14 @@ def make_batch(codec: int, batch_bytes: int, rng: random.Random) -> tuple[bytes,
 
 
 def _time_per_call(fn, min_seconds: float) -> float:
+    """CPU seconds per call (this process's CPU time: on a shared machine wall time mostly
+    measures the others' load)."""
     fn()
-    n, start = 0, time.perf_counter()
+    n, start = 0, time.process_time()
     while True:
         fn()
         n += 1
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         if elapsed >= min_seconds:
             return elapsed / n
 
@@ -154,15 +156,29 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         on = [r["mb_per_s"] for r in runs if r["codec"] == codec and r["validation"] == "on"]
         off = [r["mb_per_s"] for r in runs if r["codec"] == codec and r["validation"] == "off"]
         m_on, m_off = statistics.median(on), statistics.median(off)
+        # node CPU per MB produced: what validation costs the node, whatever else the
+        # machine runs (on a shared machine the throughput follows the others' load)
+        cpu_on = statistics.median(_cpu_ms_per_mb(r) for r in runs
+                                   if r["codec"] == codec and r["validation"] == "on")
+        cpu_off = statistics.median(_cpu_ms_per_mb(r) for r in runs
+                                    if r["codec"] == codec and r["validation"] == "off")
         out.append({"codec": codec, "on_mb_s": m_on, "off_mb_s": m_off,
-                    "difference_pct": 100.0 * (m_off - m_on) / m_off, "runs": len(on)})
+                    "difference_pct": 100.0 * (m_off - m_on) / m_off, "runs": len(on),
+                    "on_cpu_ms_per_mb": cpu_on, "off_cpu_ms_per_mb": cpu_off,
+                    "cpu_difference_pct": 100.0 * (cpu_on - cpu_off) / cpu_off})
     return out
+
+
+def _cpu_ms_per_mb(run: dict[str, Any]) -> float:
+    # node_cpu_pct is CPU seconds per wall second, in percent of one core
+    return (run["node_cpu_pct"] or 0.0) * 10.0 / run["mb_per_s"]
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Produce validation cost ({report['started_at']})", "",
              f"Command: `{report['command']}`; git {report['git_commit']}; compiled walk: "
-             f"{report['compiled_walk']}; {os.cpu_count()} CPUs.", "",
+             f"{report['compiled_walk']}; {os.cpu_count()} CPUs; load average at start "
+             f"{report['loadavg_at_start']}, at end {report['loadavg_at_end']}.", "",
              "## Focused: validate_produce_records per batch (1 KiB records)", "",
              "| codec | batch | off (header, CRC) us | on us | of which decompression us | "
              "on MB/s | pure-Python walk us |", "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -172,11 +188,14 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{r['pure_python_us']:.1f} |")
     if report["e2e_summary"]:
         lines += ["", "## End to end: confluent-kafka, 1 KiB, acks=all, 1 partition, file://",
-                  "", "| codec | validation on MB/s | off MB/s | difference | runs each |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "", "| codec | validation on MB/s | off MB/s | throughput lost | "
+                  "node CPU ms/MB on | off | CPU added | runs each |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for s in report["e2e_summary"]:
             lines.append(f"| {s['codec']} | {s['on_mb_s']:.1f} | {s['off_mb_s']:.1f} | "
-                         f"{s['difference_pct']:+.1f}% | {s['runs']} |")
+                         f"{s['difference_pct']:+.1f}% | {s['on_cpu_ms_per_mb']:.2f} | "
+                         f"{s['off_cpu_ms_per_mb']:.2f} | {s['cpu_difference_pct']:+.1f}% | "
+                         f"{s['runs']} |")
         lines += ["", "Medians of the runs; every run:", ""]
         for r in report["e2e_runs"]:
             lines.append(f"- round {r['round']} {r['codec']} {r['validation']}: "
@@ -199,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     import subprocess
 
     started = dt.datetime.now().astimezone()
+    load_at_start = [round(x, 1) for x in os.getloadavg()]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
     print(f"compiled record walk: {log_validator.COMPILED}", flush=True)
@@ -212,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join(["python -m benchmarks.validation",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "git_commit": commit, "compiled_walk": log_validator.COMPILED,
+              "loadavg_at_start": load_at_start,
+              "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
               "focused": rows, "e2e_runs": runs, "e2e_summary": summary(runs) if runs else []}
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%d-%H%M%S")
