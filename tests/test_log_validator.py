@@ -278,3 +278,15 @@ def test_header_keys_must_be_utf8():
     assert "not UTF-8" in _both(section, 1, NOW, 0, 0, False, False)[0]
     ok = encode_records([Record(0, 0, None, b"v", (("clé", b"x"),))])
     assert _both(ok, 1, NOW, -(2**63), 2**63 - 1, True, False) == (None, NOW, [])
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_validator_gives_the_same_answers_on_the_pure_python_walk(monkeypatch, codec):
+    records = [Record(0, 0, None, b"a"), Record(1, 50, b"k", b"b"), Record(5, 1, None, b"c")]
+    cases = [records_batch(records[:2], compression=codec, base_timestamp=NOW),
+             records_batch(records, compression=codec, base_timestamp=NOW, last_offset_delta=2),
+             wrap_section(codecs.compress(codec, b"\x07garbage"), 1, compression=codec)]
+    compiled = [validate(b) for b in cases]
+    monkeypatch.setattr(log_validator, "walk_records", record_walk.walk_records)
+    assert [validate(b) for b in cases] == compiled
+    assert isinstance(compiled[0], ValidBatch) and compiled[0].max_timestamp == NOW + 50
