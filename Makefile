@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 .PHONY: run test bench clean
 
-$(BIN)/mink: pyproject.toml
+$(BIN)/mink: pyproject.toml setup.py mink/protocol/_record_walk.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

@@ -1,8 +1,8 @@
 """Kafka record-batch compression codecs (attribute bits 0-2), via cramjam.
 
-Not on the produce hot path: Mink stores batches exactly as the producer sent
-them. This is for reading records back (timestamps, keys, tests) and for
-building batches ourselves.
+Mink stores batches compressed exactly as the producer sent them; it decompresses
+each produced batch once to validate its records (`log_validator.py`, as Kafka
+does), and for reading records back and building batches ourselves.
 """
 
 from __future__ import annotations

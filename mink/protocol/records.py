@@ -1,10 +1,11 @@
 """Kafka RecordBatch v2 (magic 2): header parsing, validation, patching, encoding.
 
-Records stay opaque bytes on the produce path: Mink reads the 61-byte batch
-header, checks it the way Kafka does for client appends, overwrites
-baseOffset/partitionLeaderEpoch (outside the CRC) and stores the batch as sent.
-Record-level decoding (`iter_records`) and encoding (`build_batch`) are for
-everything off the hot path.
+On the produce path Mink reads the 61-byte batch header and checks it the way
+Kafka does for client appends (here), then walks every record
+(`log_validator.py`), overwrites baseOffset/partitionLeaderEpoch (outside the
+CRC) and stores the batch as sent, compressed or not, with only maxTimestamp
+(and the CRC) rewritten when the client's was wrong. Record-level decoding
+(`iter_records`) and encoding (`build_batch`) are for everything off the hot path.
 
 Layout (big-endian), offsets from the start of the batch:
 

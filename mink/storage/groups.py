@@ -6,6 +6,10 @@ node epoch) and is refused with `NotCoordinator` unless the node is that partiti
 that leader epoch (checked in the same statement; see `migrations/0003_groups.sql`). Each
 operation is one statement, one round trip, run through the MetadataStore's pool.
 
+Client strings are stored exactly, whatever characters they hold: the text columns through
+`pgtext` (PostgreSQL text cannot hold NUL), the members as `json` (which, unlike jsonb, keeps
+\u0000), byte fields base64 inside it (see `migrations/0007_exact_fields.sql`).
+
 Errors besides NotCoordinator are the MetadataStore's: MetadataUnavailable (nothing written)
 and OutcomeUnknown (a write may or may not have happened; every write here may be repeated).
 """
@@ -17,6 +21,7 @@ import uuid
 import msgspec
 
 from mink.storage.metadata import IDEMPOTENT, READ, MetadataError, MetadataStore
+from mink.storage.pgtext import from_pg, to_pg
 
 __all__ = ["Fence", "StoredMember", "StoredOffset", "StoredGroup", "GroupStore",
            "NotCoordinator"]
@@ -87,7 +92,7 @@ SELECT coalesce(json_agg(json_build_object(
   FROM consumer_groups AS g WHERE g.coordinator_partition = %s"""
 SQL_STORE_GROUP = """
 SELECT mink_store_group(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::text, %s::text,
-                        %s::text, %s::int, %s::text, %s::jsonb)"""
+                        %s::text, %s::int, %s::text, %s::json)"""
 SQL_COMMIT_OFFSETS = """
 SELECT mink_commit_offsets(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::text,
                            %s::text[], %s::int[], %s::bigint[], %s::int[], %s::text[])"""
@@ -107,13 +112,14 @@ class GroupStore:
     async def load(self, partition: int) -> list[StoredGroup]:
         """Every group of a partition of __consumer_offsets, with its committed offsets."""
         row = await self.metadata._one(READ, SQL_LOAD_PARTITION, (partition,))
-        return _groups_decoder.decode(row[0]) if row else []
+        return [_from_pg(g) for g in _groups_decoder.decode(row[0])] if row else []
 
     async def store_group(self, fence: Fence, group: StoredGroup) -> None:
         """The state of a completed generation (its offsets are not touched)."""
         await self._fenced(SQL_STORE_GROUP, (
-            *fence.params(), group.group_id, group.protocol_type, group.protocol_name,
-            group.generation, group.leader, _members_encoder.encode(group.members).decode()))
+            *fence.params(), to_pg(group.group_id), to_pg(group.protocol_type),
+            to_pg(group.protocol_name), group.generation, to_pg(group.leader),
+            _members_encoder.encode(group.members).decode()))
 
     async def commit_offsets(self, fence: Fence, group_id: str,
                              offsets: list[StoredOffset]) -> None:
@@ -121,20 +127,34 @@ class GroupStore:
         latest = {(o.topic, o.partition): o for o in offsets}
         rows = list(latest.values())
         await self._fenced(SQL_COMMIT_OFFSETS, (
-            *fence.params(), group_id, [o.topic for o in rows], [o.partition for o in rows],
-            [o.offset for o in rows], [o.leader_epoch for o in rows],
-            [o.metadata for o in rows]))
+            *fence.params(), to_pg(group_id), [to_pg(o.topic) for o in rows],
+            [o.partition for o in rows], [o.offset for o in rows],
+            [o.leader_epoch for o in rows], [to_pg(o.metadata) for o in rows]))
 
     async def delete_groups(self, fence: Fence, group_ids: list[str]) -> None:
-        await self._fenced(SQL_DELETE_GROUPS, (*fence.params(), list(group_ids)))
+        await self._fenced(SQL_DELETE_GROUPS, (*fence.params(),
+                                                [to_pg(g) for g in group_ids]))
 
     async def delete_offsets(self, fence: Fence, group_id: str,
                              partitions: list[tuple[str, int]]) -> None:
         await self._fenced(SQL_DELETE_OFFSETS, (
-            *fence.params(), group_id, [t for t, _ in partitions], [p for _, p in partitions]))
+            *fence.params(), to_pg(group_id), [to_pg(t) for t, _ in partitions],
+            [p for _, p in partitions]))
 
     async def _fenced(self, sql: str, params: tuple) -> None:
         row = await self.metadata._one(IDEMPOTENT, sql, params)
         if row is None or not row[0]:
             raise NotCoordinator(f"not the leader of __consumer_offsets-{params[1]} at leader "
                                  f"epoch {params[2]} (node {params[3]} epoch {params[4]})")
+
+
+def _from_pg(group: StoredGroup) -> StoredGroup:
+    """The text columns back to the client's strings (members come verbatim from json)."""
+    group.group_id = from_pg(group.group_id)
+    group.protocol_type = from_pg(group.protocol_type)
+    group.protocol_name = from_pg(group.protocol_name)
+    group.leader = from_pg(group.leader)
+    for offset in group.offsets:
+        offset.topic = from_pg(offset.topic)
+        offset.metadata = from_pg(offset.metadata)
+    return group

@@ -45,6 +45,7 @@ import trio_asyncio
 from psycopg import pq
 
 from mink.storage.migrate import migrate as _migrate
+from mink.storage.pgtext import dict_from_pg, dict_to_pg
 
 __all__ = [
     "MetadataStore", "Listener",
@@ -280,6 +281,16 @@ class _StoredOutcome(msgspec.Struct):
 _json_encoder = msgspec.json.Encoder()
 _outcome_decoder = msgspec.json.Decoder(_StoredOutcome)
 _view_decoder = msgspec.json.Decoder(View)
+
+
+def _topic_info(row) -> TopicInfo:
+    """A topics row; its config holds client strings in pgtext's encoding."""
+    topic_id, name, partitions, config, created_at = row
+    return TopicInfo(topic_id, name, partitions, dict_from_pg(config), created_at)
+
+
+def _config_escaped(config: dict) -> bool:
+    return dict_from_pg(config) is not config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -869,10 +880,10 @@ class MetadataStore:
         """Insert the topic and its partitions (leader epoch 0, the given leaders) and a
         change-log row, in one transaction. TopicExists, InvalidPartitions, StaleEpoch."""
         row = await self._one(WRITE, SQL_CREATE_TOPIC, (
-            name, partitions, _json_encoder.encode(config or {}).decode(), list(leaders),
-            topic_id, coordinator_epoch))
+            name, partitions, _json_encoder.encode(dict_to_pg(config or {})).decode(),
+            list(leaders), topic_id, coordinator_epoch))
         assert row is not None
-        return TopicInfo(*row)
+        return _topic_info(row)
 
     async def delete_topic(self, name: str | None = None, *, topic_id: uuid.UUID | None = None,
                            coordinator_epoch: int | None = None) -> uuid.UUID:
@@ -892,14 +903,14 @@ class MetadataStore:
         row = await self._one(WRITE, SQL_CREATE_PARTITIONS, (
             name, new_total, list(leaders_for_new), coordinator_epoch))
         assert row is not None
-        return TopicInfo(*row)
+        return _topic_info(row)
 
     async def get_topics(self) -> list[TopicInfo]:
-        return [TopicInfo(*r) for r in await self._all(READ, SQL_GET_TOPICS)]
+        return [_topic_info(r) for r in await self._all(READ, SQL_GET_TOPICS)]
 
     async def get_topic(self, name: str) -> TopicInfo | None:
         row = await self._one(READ, SQL_GET_TOPIC, (name,))
-        return None if row is None else TopicInfo(*row)
+        return None if row is None else _topic_info(row)
 
     async def view(self) -> View:
         """Topics, partitions (leader, leader epoch, stream state), live nodes, coordinator and
@@ -907,7 +918,11 @@ class MetadataStore:
         a change-log row."""
         row = await self._one(READ, SQL_VIEW)
         assert row is not None
-        return _view_decoder.decode(row[0])
+        view = _view_decoder.decode(row[0])
+        if any(_config_escaped(t.config) for t in view.topics):
+            view = msgspec.structs.replace(view, topics=[
+                msgspec.structs.replace(t, config=dict_from_pg(t.config)) for t in view.topics])
+        return view
 
     # -- leaders and streams -------------------------------------------------------------------
 

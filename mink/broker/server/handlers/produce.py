@@ -13,7 +13,8 @@ from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.config import topic_setting
 from mink.protocol.messages import build, nested, response_schema
-from mink.protocol.records import BatchError, parse_produce_records, set_log_append_time
+from mink.protocol.log_validator import Refusal, ValidationSettings, validate_produce_records
+from mink.protocol.records import CREATE_TIME, LOG_APPEND_TIME
 from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage.log import DuplicateBatch, LogError
 from mink.storage.producer_state import ProducerAppend
@@ -21,7 +22,7 @@ from mink.storage.producer_state import ProducerAppend
 
 class _PartitionResult:
     __slots__ = ("index", "error", "pending", "base_offset", "log_append_time",
-                 "log_start_offset", "leader", "message")
+                 "log_start_offset", "leader", "message", "record_errors")
 
     def __init__(self, index: int):
         self.index = index
@@ -32,6 +33,7 @@ class _PartitionResult:
         self.log_start_offset = -1
         self.leader = None
         self.message = None
+        self.record_errors = ()
 
 
 async def handle(node, ctx, request):
@@ -110,32 +112,23 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
         return result
     if not data.records:
         return _refused(data.index, ErrorCode.invalid_record, "no record batch")
-    try:
-        header, batch = parse_produce_records(data.records, version)
-    except BatchError as exc:
-        return _refused(data.index, ErrorCode(exc.error_code), str(exc))
-    if header.size > topic_setting(topic.config, "max.message.bytes"):
-        return _refused(data.index, ErrorCode.message_too_large,
-                        f"batch of {header.size} bytes is over max.message.bytes")
-    records = bytearray(batch)
+    validated = validate_produce_records(data.records, version, _settings(node, topic.config))
+    if isinstance(validated, Refusal):
+        result = _refused(data.index, ErrorCode(validated.error_code), validated.message)
+        result.record_errors = validated.record_errors
+        return result
+    header = validated.header
     result = _PartitionResult(data.index)
-    max_timestamp = header.max_timestamp
-    log_append_time = topic_setting(topic.config, "message.timestamp.type") == "LogAppendTime"
-    if not log_append_time and (error := _timestamp_error(topic.config, header)):
-        return _refused(data.index, ErrorCode.invalid_timestamp, error)
-    if log_append_time:
-        now_ms = int(time.time() * 1000)
-        set_log_append_time(records, 0, now_ms)
-        max_timestamp = now_ms
-        result.log_append_time = datetime.datetime.fromtimestamp(now_ms / 1000,
-                                                                  datetime.timezone.utc)
+    if validated.log_append_time is not None:
+        result.log_append_time = datetime.datetime.fromtimestamp(
+            validated.log_append_time / 1000, datetime.timezone.utc)
     producer = None
     if header.producer_id >= 0:
         producer = ProducerAppend(header.producer_id, header.producer_epoch,
                                   header.base_sequence, header.last_sequence)
     try:
-        result.pending = partition_log.append(records, [header.records_count], max_timestamp,
-                                              producer)
+        result.pending = partition_log.append(validated.batch, [header.records_count],
+                                              validated.max_timestamp, producer)
     except DuplicateBatch as exc:
         # A retry of a batch already written (or still in flight): its original offset,
         # nothing written again.
@@ -146,19 +139,17 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
     return result
 
 
-def _timestamp_error(config: dict, header) -> str | None:
-    """Kafka's message.timestamp.before/after.max.ms for CreateTime topics, checked on the
-    batch's first and largest timestamps."""
-    before = topic_setting(config, "message.timestamp.before.max.ms")
-    after = topic_setting(config, "message.timestamp.after.max.ms")
-    if before >= 2**63 - 1 and after >= 2**63 - 1:
-        return None
-    now_ms = int(time.time() * 1000)
-    for timestamp in (header.base_timestamp, header.max_timestamp):
-        if timestamp < now_ms - before or timestamp > now_ms + after:
-            return (f"timestamp {timestamp} is outside [{now_ms - before}, {now_ms + after}] "
-                    "(message.timestamp.before.max.ms / after.max.ms)")
-    return None
+def _settings(node, config: dict) -> ValidationSettings:
+    """What the LogValidator needs from the topic's settings and the broker's clock."""
+    append_time = topic_setting(config, "message.timestamp.type") == "LogAppendTime"
+    return ValidationSettings(
+        now_ms=int(time.time() * 1000),
+        timestamp_type=LOG_APPEND_TIME if append_time else CREATE_TIME,
+        timestamp_before_max_ms=topic_setting(config, "message.timestamp.before.max.ms"),
+        timestamp_after_max_ms=topic_setting(config, "message.timestamp.after.max.ms"),
+        max_message_bytes=topic_setting(config, "max.message.bytes"),
+        compacted=False,  # cleanup.policy=compact is refused when topics are made (topic_config)
+        validate_records=node.config.produce_validate_records)
 
 
 def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
@@ -166,6 +157,7 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
     topic_schema = nested(schema, "TopicProduceResponse")
     partition_schema = nested(schema, "PartitionProduceResponse")
     leader_schema = nested(schema, "LeaderIdAndEpoch") if version >= 10 else None
+    record_error_schema = nested(schema, "BatchIndexAndErrorMessage") if version >= 8 else None
     leaders: set[int] = set()
     topics = []
     for name, partition_results in results.items():
@@ -180,7 +172,8 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
             partitions.append(build(
                 partition_schema, index=r.index, error_code=r.error, base_offset=base_offset,
                 log_append_time=r.log_append_time if not r.error else None,
-                log_start_offset=r.log_start_offset, record_errors=(),
+                log_start_offset=r.log_start_offset,
+                record_errors=_record_errors(record_error_schema, r.record_errors),
                 error_message=r.message if r.error else None, **extra))
         topics.append(topic_schema(name=name, partition_responses=tuple(partitions)))
     endpoints = ()
@@ -190,3 +183,11 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
                           for b in (node.view.brokers.get(i) for i in sorted(leaders)) if b)
     return build(schema, responses=tuple(topics), throttle_time=NO_THROTTLE,
                  node_endpoints=endpoints)
+
+
+def _record_errors(schema, errors) -> tuple:
+    """KIP-467 record errors (Produce v8+)."""
+    if schema is None or not errors:
+        return ()
+    return tuple(schema(batch_index=e.batch_index, batch_index_error_message=e.message)
+                 for e in errors)
