@@ -386,10 +386,12 @@ async def test_node_restart_keeps_offsets_and_static_members(pg_url, store_url, 
     produced = values("d", 0, 200)
     await in_thread(produce, address, "durable", produced, 3)
     before = await in_thread(confluent_consume, address, "durable", "durable", 100)
-    # a static member stays in its own group through the restart
+    # a static member stays in its own group through the restart; its session (15 s, Kafka's
+    # default is 45 s) outlasts the restart, which waits out the old incarnation's guard
     ownership, records = Ownership(), []
     static = ConfluentMember("static", address, "static", "durable", ownership, records,
-                             **{"group.instance.id": "instance-1"})
+                             **{"group.instance.id": "instance-1",
+                                "session.timeout.ms": 15_000})
     static.start()
     try:
         await wait_for(lambda: ownership.counts() == {"static": 3}, what="the static member")

@@ -312,18 +312,18 @@ def test_postgres_blips_leave_leaders_and_groups_in_place(cluster, pg_server, ga
     """A PostgreSQL restart with the server down `gap` seconds (below lease_ttl / 3) while a
     group consumer commits offsets: no node stops leading, the group keeps its generation and
     its members (OffsetCommit waits at most a third of the session timeout, so heartbeats are
-    not held back; the pool reconnects at once)."""
+    not held back; the pool reconnects at once). lease_ttl is 6 s here, so that a restart
+    that pg_ctl stretches to two seconds on a loaded machine is still below lease_ttl / 3."""
     import threading
     import time
 
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from tests.support.cluster import LEASE_TTL
-
+    lease_ttl = 6.0
     session_s = 6.0
     for node_id in (1, 2, 3):
-        cluster.start(node_id)
+        cluster.start(node_id, lease_ttl=lease_ttl)
     cluster.wait_for(lambda: cluster.live_nodes() == {1, 2, 3}, what="three live nodes")
     cluster.wait_for(cluster.coordinator, what="a coordinator")
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
@@ -377,12 +377,11 @@ def test_postgres_blips_leave_leaders_and_groups_in_place(cluster, pg_server, ga
         time.sleep(gap)
         pg_server.start()
         outage = time.monotonic() - stopped_at
-        print(f"PostgreSQL down for {outage:.2f}s (gap {gap}s, lease_ttl {LEASE_TTL}s)")
-        margin = max(0.5, LEASE_TTL / 10)
-        if outage > LEASE_TTL - margin - LEASE_TTL / 3:
-            # pg_ctl took so long (a loaded machine) that a renewal sent just before the
-            # stop lapses: self-fencing is then right, and not what this test is about.
-            pytest.skip(f"PostgreSQL was down {outage:.2f}s, longer than the renewal slack")
+        print(f"PostgreSQL down for {outage:.2f}s (gap {gap}s, lease_ttl {lease_ttl}s)")
+        if outage > lease_ttl / 3:
+            # pg_ctl took so long (a loaded machine) that this is no longer a blip below
+            # lease_ttl / 3, which is what this test is about.
+            pytest.skip(f"PostgreSQL was down {outage:.2f}s, not below lease_ttl / 3")
         # Commits land again, and again after a whole session timeout (members that were
         # going to expire have by then).
         produce(300)

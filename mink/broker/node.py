@@ -15,15 +15,16 @@ import uuid
 import trio
 import trio_asyncio
 
-from mink.broker.config import Config
 from mink.broker.cluster.coordinator import ClusterCoordinator, NotCoordinator
-from mink.broker.server.forwarding import auto_create_via_coordinator
-from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
-from mink.broker.transactions.producer_ids import ProducerIdBlock
+from mink.broker.cluster.sync import StreamInView, plan_open
+from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from mink.broker.config import Config
+from mink.broker.groups.coordinator import GroupCoordinator
+from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.config import validate_topic_config
-from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from mink.broker.transactions.producer_ids import ProducerIdBlock
 from mink.protocol.topics import topic_name_error
 from mink.storage import metadata as md
 from mink.storage.log import PartitionLog
@@ -143,20 +144,21 @@ class Node:
                     p: PartitionInfo) -> PartitionLog | None:
         key = (topic.topic_id, p.index)
         leader_epoch = p.leader_epoch
-        opener = (p.opened_by_node, p.opened_by_epoch)
+        now = trio.current_time()
+        stream = StreamInView(p.leader_epoch, p.stream_open, p.opened_by_node,
+                              p.opened_by_epoch, p.open_leader_epoch)
+        live_epochs = {b.node_id: b.epoch for b in self.view.brokers.values()}
+        plan = plan_open(stream, self.node_id, self.node_epoch, live_epochs,
+                         now - self._held_by.get(key, now), self.held_by_grace)
         try:
-            if p.stream_open and opener != (self.node_id, self.node_epoch):
-                other = self.view.brokers.get(p.opened_by_node)
-                if p.opened_by_node != self.node_id and other is not None and (
-                        other.epoch == p.opened_by_epoch):
-                    first_seen = self._held_by.setdefault(key, trio.current_time())
-                    if trio.current_time() - first_seen < self.held_by_grace:
-                        return None  # HeldBy: the other node has not seen the move yet
-                elif p.opened_by_node != self.node_id:
-                    # Opened by a dead node: fence its epoch so its late commits are refused.
-                    await self.metadata.fence_node(p.opened_by_node, p.opened_by_epoch)
+            if plan.held_by:
+                self._held_by.setdefault(key, now)
+                return None  # HeldBy: the other node has not seen the move yet
             self._held_by.pop(key, None)
-            if p.open_leader_epoch == leader_epoch and self._still(streams):
+            if plan.fence is not None:
+                # Opened by a dead node: fence its epoch so its late commits are refused.
+                await self.metadata.fence_node(*plan.fence)
+            if plan.fresh_epoch and self._still(streams):
                 # Opened before at this very epoch (by this node before a restart, or by the
                 # node just fenced): a fresh leader epoch tells clients the log may differ.
                 # Its own fenced operation (node epoch, leadership, expected leader epoch),

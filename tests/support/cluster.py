@@ -24,14 +24,15 @@ class Cluster:
         self.nodes: dict[int, NodeProcess] = {}
 
     def config(self, node_id: int, port: int | None = None, **overrides):
-        return node_config(
-            self.pg_url, self.store_url, node_id=node_id,
-            listener=f"127.0.0.1:{port or free_port()}", lease_ttl=LEASE_TTL,
+        values = dict(
+            node_id=node_id, listener=f"127.0.0.1:{port or free_port()}", lease_ttl=LEASE_TTL,
             coordinator_tick=TICK, wal_max_delay_ms=5, log_level="INFO",
             s3_endpoint_url=self.store_options["endpoint_url"],
             s3_region=self.store_options["region"],
             s3_access_key_id=self.store_options["access_key_id"],
-            s3_secret_access_key=self.store_options["secret_access_key"], **overrides)
+            s3_secret_access_key=self.store_options["secret_access_key"])
+        values.update(overrides)
+        return node_config(self.pg_url, self.store_url, **values)
 
     def start(self, node_id: int, **overrides) -> NodeProcess:
         previous = self.nodes.get(node_id)
