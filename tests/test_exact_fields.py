@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mink.storage.groups import Fence, GroupStore, StoredGroup, StoredMember, StoredOffset
-from mink.storage.metadata import MetadataStore
+from tests.support.metadata import ToolMetadataStore
 from mink.storage.pgtext import CorruptText, from_pg, to_pg
 from tests.support.nodes import node_config, start_node
 
@@ -63,7 +63,7 @@ def stored_group(field: str) -> StoredGroup:
 
 @pytest.mark.parametrize("field", GROUP_FIELDS + MEMBER_FIELDS + OFFSET_FIELDS)
 async def test_group_field_round_trips_exactly(pg_url, aio_loop, field):
-    store = await MetadataStore.open(pg_url)
+    store = await ToolMetadataStore.open(pg_url)
     try:
         node_epoch = await store.register_node(1, "127.0.0.1", 9092, ttl_s=30)
         topic = await store.create_topic("__consumer_offsets", 1, {}, [1])
@@ -90,7 +90,7 @@ async def test_group_field_round_trips_exactly(pg_url, aio_loop, field):
 
 
 async def test_topic_config_round_trips_exactly(pg_url, aio_loop):
-    store = await MetadataStore.open(pg_url)
+    store = await ToolMetadataStore.open(pg_url)
     try:
         config = {"compression.type": AWKWARD, "retention.ms": "1000"}
         created = await store.create_topic("awkward-config", 1, config, [None])
