@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["Message", "MinkCluster", "MinkNode", "NodeNotRunning", "TestPostgres",
-           "open_cluster", "open_node", "BlockingCluster", "BlockingNode"]
+           "open_cluster", "open_node", "BlockingCluster", "BlockingNode", "TcpProxy"]
 
 _WHERE = {
     "Message": "mink.testing.cluster",
@@ -29,6 +29,7 @@ _WHERE = {
     "TestPostgres": "mink.testing.postgres",
     "BlockingCluster": "mink.testing.blocking",
     "BlockingNode": "mink.testing.blocking",
+    "TcpProxy": "mink.testing.proxy",
 }
 
 
