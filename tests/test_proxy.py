@@ -72,6 +72,7 @@ async def test_stall_holds_bytes_until_resume(proxy: TcpProxy) -> None:
         await stream.receive_some(100)
     assert waited.cancelled_caught, "bytes were forwarded while stalled"
     assert proxy.connection_count == 1  # the connection stays open
+    assert proxy.bytes_held_to_upstream == 4
     proxy.resume()
     with trio.fail_after(5):
         assert await _receive_exactly(stream, 4) == b"held"

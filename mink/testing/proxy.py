@@ -62,6 +62,9 @@ class TcpProxy:
         self.bytes_to_upstream = 0
         self.bytes_to_client = 0
         self.bytes_dropped = 0
+        # Received but not forwarded yet (stalled or delayed), per direction.
+        self.bytes_held_to_upstream = 0
+        self.bytes_held_to_client = 0
 
     # -- controls (any thread) --------------------------------------------------------------
 
@@ -174,7 +177,7 @@ class TcpProxy:
                     async with trio.open_nursery() as nursery:
                         for source, target, to_client in ((client, upstream, False), (upstream, client, True)):
                             send, receive = trio.open_memory_channel[tuple[float, bytes]](math.inf)
-                            nursery.start_soon(self._read, source, send)
+                            nursery.start_soon(self._read, source, send, to_client)
                             nursery.start_soon(self._write, receive, target, to_client, scope)
                 finally:
                     _reset(upstream)
@@ -186,13 +189,21 @@ class TcpProxy:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     client.socket.close()
 
-    async def _read(self, source: trio.SocketStream, queue: trio.MemorySendChannel[tuple[float, bytes]]) -> None:
+    def _held(self, to_client: bool, size: int) -> None:
+        if to_client:
+            self.bytes_held_to_client += size
+        else:
+            self.bytes_held_to_upstream += size
+
+    async def _read(self, source: trio.SocketStream,
+                    queue: trio.MemorySendChannel[tuple[float, bytes]], to_client: bool) -> None:
         async with queue:
             while True:
                 try:
                     data = await source.receive_some(_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
+                self._held(to_client, len(data))
                 await queue.send((trio.current_time(), data))
                 if not data:
                     return
@@ -212,6 +223,7 @@ class TcpProxy:
                     if not self._stalled:
                         break
                     await self._changed.wait()
+                self._held(to_client, -len(data))
                 if not data:  # end of stream one way: the connection ends (no half-close games)
                     connection.cancel()
                     return
