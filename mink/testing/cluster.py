@@ -16,7 +16,8 @@ Every node reaches PostgreSQL through its own TCP proxy when `mink.testing.proxy
 so PostgreSQL can be made unreachable for one node or all. Fault hooks are methods in pairs,
 each undoing the other: `pause_object_store`/`resume_object_store`,
 `fail_object_store`/`restore_object_store`, `delay_commits(s)`/`delay_commits(0)`,
-`cut_postgres`/`restore_postgres`, `kill`/`restart`, `move_leadership` (and back).
+`cut_postgres`/`restore_postgres`, `stall_postgres`/`resume_postgres`,
+`delay_postgres(s)`/`delay_postgres(0)`, `kill`/`restart`, `move_leadership` (and back).
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ class MinkNode:
         return await self.cluster.wait_led(topic, timeout=timeout)
 
     def leaders(self, topic: str) -> dict[int, int | None]:
-        return self.cluster.leaders(topic)
+        return self.cluster.leaders(topic, seen_by=self.node_id)
 
     async def read_topic(self, topic: str, *, timeout: float = 15.0) -> list[Message]:
         """See MinkCluster.read_topic."""
@@ -266,6 +267,10 @@ class MinkNode:
     def resume_postgres(self) -> None:
         self._require_proxy().resume()
 
+    def delay_postgres(self, seconds: float) -> None:
+        """Every chunk between this node and PostgreSQL is held `seconds` (0: no delay)."""
+        self._require_proxy().set_delay(seconds)
+
     def _require_proxy(self) -> Any:
         if self.proxy is None:
             raise RuntimeError("PostgreSQL faults need mink.testing.proxy (TcpProxy)")
@@ -278,6 +283,7 @@ class MinkNode:
         if self.proxy is not None:
             self.proxy.restore()
             self.proxy.resume()
+            self.proxy.set_delay(0)
 
 
 class MinkCluster:
@@ -349,10 +355,13 @@ class MinkCluster:
                 return n
         return None
 
-    def leaders(self, topic: str) -> dict[int, int | None]:
-        """partition -> leader node id, as the running nodes' views say (first view that has
-        the topic)."""
-        for n in self.running_nodes():
+    def leaders(self, topic: str, *, seen_by: int | None = None) -> dict[int, int | None]:
+        """partition -> leader node id, as the view of node `seen_by` says (default: the
+        first running node that knows the topic)."""
+        nodes = [self.node(seen_by)] if seen_by is not None else self.running_nodes()
+        for n in nodes:
+            if n.node is None:
+                continue
             info = n.node.view.topics.get(topic)
             if info is not None:
                 return {p.index: p.leader for p in info.partitions}
@@ -475,6 +484,10 @@ class MinkCluster:
     def resume_postgres(self) -> None:
         for n in self.nodes:
             n.resume_postgres()
+
+    def delay_postgres(self, seconds: float) -> None:
+        for n in self.nodes:
+            n.delay_postgres(seconds)
 
     def clear_faults(self) -> None:
         for n in self.nodes:
