@@ -141,6 +141,7 @@ def test_teardown_closes_the_port_drops_the_database_removes_the_store(mink_post
         assert store.is_dir() and not refused(bootstrap)
     assert refused(bootstrap)
     assert not store.exists()
+    mink_postgres.settle()  # databases given back are dropped in the background
     assert query(mink_postgres.url, "SELECT count(*) FROM pg_database WHERE datname = %s",
                  database)[0][0] == 0
 

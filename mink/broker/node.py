@@ -352,13 +352,15 @@ def view_from_snapshot(snapshot: md.View) -> ClusterView:
 
 
 async def run_node(config: Config, *, objects=None, freeze_heap: bool = True,
-                   on_started: Callable[[Node], None] | None = None,
+                   migrate: bool = True, on_started: Callable[[Node], None] | None = None,
                    task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Open the stores, register, serve until cancelled; reports the advertised (host, port).
 
     For embedding (mink.testing): `objects` is a store the caller opened and closes (used
     instead of `config.object_store`); `freeze_heap=False` leaves the host process's garbage
-    collector alone; `on_started(node)` is called once the node serves."""
+    collector alone; `migrate=False` skips the migrations check, for a database the caller
+    cloned from a template migrated by this same code; `on_started(node)` is called once the
+    node serves."""
     async with trio_asyncio.open_loop():
         owned = objects is None
         if owned:
@@ -368,7 +370,7 @@ async def run_node(config: Config, *, objects=None, freeze_heap: bool = True,
                 secret_access_key=config.s3_secret_access_key)
         try:
             await objects.check()
-            metadata = await MetadataStore.open(config.postgres_url)
+            metadata = await MetadataStore.open(config.postgres_url, migrate=migrate)
             try:
                 await _serve(Node(config, metadata, objects), task_status, freeze_heap,
                              on_started)

@@ -119,8 +119,13 @@ class MinkNode:
             try:
                 with trio.CancelScope() as scope:
                     self._scope = scope
-                    await _parts.run_node(self.config, objects=self.objects, freeze_heap=False,
-                                          on_started=self._on_started, task_status=task_status)
+                    await _parts.run_node(
+                        self.config, objects=self.objects,
+                        # the process is the test run's: its heap is not the node's to freeze
+                        freeze_heap=False,
+                        # the database is a clone of the template this code migrated
+                        migrate=False,
+                        on_started=self._on_started, task_status=task_status)
             finally:
                 self.node = None
                 self._scope = None
@@ -611,7 +616,9 @@ async def _open(count: int, postgres: TestPostgres | None, store_url: str | None
             for store in objects:
                 await store.aclose()
             if database is not None:
-                await trio.to_thread.run_sync(postgres.drop_database, database)
+                # dropped in the background, before the next spare is cloned
+                await trio.to_thread.run_sync(
+                    lambda: postgres.drop_database(database, wait=False))
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
             if own_postgres:

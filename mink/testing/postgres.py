@@ -8,6 +8,13 @@ template database once and applies Mink's migrations to it; `new_database()` the
 hundreds. Database names carry the process id, so pytest-xdist workers sharing an outside
 server never collide.
 
+Off the critical path: a database given back is dropped by a background thread, which then
+clones the next one ahead of time (a "spare"), so the next test takes a ready database
+instead of waiting for a clone. Dropping right before cloning made the clone three to four
+times slower (DROP DATABASE waits for a checkpoint): done in this order in the background,
+neither is on a test's path. A spare is a clone no one has used: every caller still gets a
+database of its own, fresh from the template.
+
 The methods are blocking (sync psycopg): call them from a thread when on trio.
 """
 
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -36,6 +44,12 @@ class TestPostgres:
         self._databases: set[str] = set()
         self.url: str | None = None  # the maintenance database (superuser)
         self.template = f"mink_template_{os.getpid()}"
+        self.spares = 1  # databases cloned ahead of time
+        self._spare: list[str] = []
+        self._chores: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._pending = 0  # chores queued and not done
+        self._idle = threading.Condition(self._lock)
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -59,12 +73,19 @@ class TestPostgres:
             conn.execute(f"DROP DATABASE IF EXISTS {self.template}")
             conn.execute(f"CREATE DATABASE {self.template}")
         _parts.migrate_sync(self.url_for(self.template))
+        self._worker = threading.Thread(target=self._work, name="mink-testing-pg", daemon=True)
+        self._worker.start()
+        self._refill()
         return self
 
     def stop(self) -> None:
         """Drop what this session created; stop the embedded server and remove its folder."""
         import psycopg
 
+        if self._worker is not None:
+            self._chores.put(None)
+            self._worker.join(60)
+            self._worker = None
         try:
             if self.url is not None and (self._server is None or self._server.running()):
                 with psycopg.connect(self.url, autocommit=True) as conn:
@@ -100,7 +121,31 @@ class TestPostgres:
         return parts.hostname or "127.0.0.1", parts.port or 5432
 
     def new_database(self) -> str:
-        """A fresh, migrated database (a clone of the template); returns its URL."""
+        """A fresh, migrated database of the caller's own (a clone of the template no one
+        has used); returns its URL. Takes a spare when one is ready, else clones now."""
+        with self._lock:
+            name = self._spare.pop(0) if self._spare else None
+        if name is None:
+            name = self._clone()
+        self._refill()
+        return self.url_for(name)
+
+    def drop_database(self, url: str, *, wait: bool = True) -> None:
+        """Drop a database from new_database(); wait=False leaves it to the background
+        thread (then cloning the next spare), which `stop()` and `settle()` wait for."""
+        name = urlsplit(url).path.lstrip("/")
+        if wait or self._worker is None:
+            self._drop(name)
+        else:
+            self._queue(self._drop, name)
+            self._refill()
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait until the background drops and clones are done."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def _clone(self) -> str:
         import psycopg
 
         with self._lock:
@@ -108,13 +153,41 @@ class TestPostgres:
             self._databases.add(name)
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name} TEMPLATE {self.template}")
-        return self.url_for(name)
+        return name
 
-    def drop_database(self, url: str) -> None:
+    def _drop(self, name: str) -> None:
         import psycopg
 
-        name = urlsplit(url).path.lstrip("/")
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         with self._lock:
             self._databases.discard(name)
+
+    def _refill(self) -> None:
+        if self._worker is not None:
+            self._queue(self._clone_spare)
+
+    def _clone_spare(self) -> None:
+        with self._lock:
+            if len(self._spare) >= self.spares:
+                return
+        name = self._clone()
+        with self._lock:
+            self._spare.append(name)
+
+    def _queue(self, fn, *args) -> None:
+        with self._lock:
+            self._pending += 1
+        self._chores.put((fn, args))
+
+    def _work(self) -> None:
+        while (chore := self._chores.get()) is not None:
+            fn, args = chore
+            try:
+                fn(*args)
+            except Exception:  # the server went away (a test stopped it): stop() cleans up
+                pass
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
