@@ -377,3 +377,35 @@ def test_psycopg_imported_before_mink(tmp_path):
             mink_broker.create_topic("t")
     """)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.mink(nodes=2)
+async def test_trio_cluster_kill_and_restart(mink_trio_cluster):
+    cluster = mink_trio_cluster
+    await cluster.create_topic("trio-failover", partitions=2)
+    victim = cluster.leaders("trio-failover")[0]
+    await cluster.kill(victim)
+    leaders = await cluster.wait_led("trio-failover", timeout=30)
+    assert set(leaders.values()) == {n.node_id for n in cluster.nodes if n.node_id != victim}
+    await cluster.restart(victim)
+    assert cluster.node(victim).running and cluster.node(victim).starts == 2
+
+
+def test_layering_harness_internals_come_from_one_module():
+    """Nothing in mink imports mink.testing; mink.testing reaches Mink's internals only
+    through mink/testing/_parts.py (one file to edit when they move)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "mink"
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        names = [node.module for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module]
+        names += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                  for alias in node.names]
+        ours = [n for n in names if n == "mink" or n.startswith("mink.")]
+        inside = path.relative_to(root).parts[0] == "testing"
+        if not inside:
+            assert not [n for n in ours if n.startswith("mink.testing")], path
+        elif path.name != "_parts.py":
+            assert [n for n in ours if not n.startswith("mink.testing")] == [], path
