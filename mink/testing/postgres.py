@@ -49,6 +49,7 @@ class TestPostgres:
         self._chores: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self._pending = 0  # chores queued and not done
+        self._spare_in_flight = False
         self._idle = threading.Condition(self._lock)
 
     # -- life cycle -------------------------------------------------------------------------
@@ -123,7 +124,9 @@ class TestPostgres:
     def new_database(self) -> str:
         """A fresh, migrated database of the caller's own (a clone of the template no one
         has used); returns its URL. Takes a spare when one is ready, else clones now."""
-        with self._lock:
+        with self._idle:
+            # A spare being cloned now is ready sooner than a clone started beside it.
+            self._idle.wait_for(lambda: self._spare or not self._spare_in_flight, 60)
             name = self._spare.pop(0) if self._spare else None
         if name is None:
             name = self._clone()
@@ -171,9 +174,15 @@ class TestPostgres:
         with self._lock:
             if len(self._spare) >= self.spares:
                 return
-        name = self._clone()
-        with self._lock:
-            self._spare.append(name)
+            self._spare_in_flight = True
+        try:
+            name = self._clone()
+            with self._idle:
+                self._spare.append(name)
+        finally:
+            with self._idle:
+                self._spare_in_flight = False
+                self._idle.notify_all()
 
     def _queue(self, fn, *args) -> None:
         with self._lock:
