@@ -62,9 +62,11 @@ class HarnessThread:
         return self._thread.is_alive()
 
     def run(self, async_fn: Callable[..., Any], *args: Any) -> Any:
+        _not_on_trio()
         return trio.from_thread.run(async_fn, *args, trio_token=self._token)
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        _not_on_trio()
         return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
     @contextmanager
@@ -101,6 +103,14 @@ class HarnessThread:
         if self._thread.is_alive() and self._nursery is not None:
             self.run_sync(self._nursery.cancel_scope.cancel)
         self._thread.join(30)
+
+
+def _not_on_trio() -> None:
+    if trio.lowlevel.in_trio_run():
+        raise RuntimeError(
+            "the blocking mink fixtures (mink_broker, mink_cluster) would block this trio "
+            "run: in a trio test use mink_trio_broker / mink_trio_cluster, or call them "
+            "through trio.to_thread.run_sync")
 
 
 class _Blocking:
