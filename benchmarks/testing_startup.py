@@ -12,6 +12,8 @@ stopped first so imports and the server's caches are warm), it measures:
 - `blocking_node` (what the sync `mink_broker` fixture does): the same through the harness
   thread;
 - `open_cluster(3)`;
+- `open_node` with Mink's default of 50 `__consumer_offsets` partitions (the harness uses 1):
+  what that default costs a start;
 - the database clone alone;
 - memory: the process's RSS growth with 5 nodes open at once, per node;
 - baseline, same run: `mink serve` in a subprocess on a cloned database, from spawn to a
@@ -58,14 +60,15 @@ def summary(values_s: list[float]) -> dict:
             "max_ms": round(max(ms), 1)}
 
 
-async def time_open_node(postgres: TestPostgres, starts: int) -> tuple[list, list]:
+async def time_open_node(postgres: TestPostgres, starts: int,
+                         **settings) -> tuple[list, list]:
     """Each start after the background work of the one before is done, as in a test suite
     whose tests last longer than a drop and a clone (a few hundred ms)."""
     ready, close = [], []
     for _ in range(starts):
         await trio.to_thread.run_sync(postgres.settle)
         t0 = time.perf_counter()
-        async with open_node(postgres):
+        async with open_node(postgres, **settings):
             t1 = time.perf_counter()
         ready.append(t1 - t0)
         close.append(time.perf_counter() - t1)
@@ -217,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             results["open_node_close"] = summary(close)
             results["open_cluster_3_ready"] = summary(
                 await time_open_cluster(postgres, max(3, args.starts // 4)))
+            # Mink's own default of 50 __consumer_offsets partitions instead of the harness's 1
+            ready, _ = await time_open_node(postgres, max(5, args.starts // 2),
+                                            offsets_topic_num_partitions=50)
+            results["open_node_ready_50_offsets_partitions"] = summary(ready)
             postgres.spares = 0  # the clone on the path: the first test of a session
             ready, _ = await time_open_node(postgres, args.starts)
             results["open_node_ready_no_spare"] = summary(ready)
@@ -257,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{results['cpus']} CPUs, load average {results['load_average_at_start']} at "
              f"start, {results['load_average_at_end']} at the end. {args.note}", "",
              "| what | n | p50 ms | p95 ms | min | max |", "| --- | --- | --- | --- | --- | --- |"]
-    for key in ("open_node_ready", "open_node_ready_no_spare", "blocking_node_ready",
+    for key in ("open_node_ready", "open_node_ready_no_spare",
+                "open_node_ready_50_offsets_partitions", "blocking_node_ready",
                 "open_node_close",
                 "open_cluster_3_ready", "clone_database",
                 "baseline_mink_serve_subprocess_ready"):
