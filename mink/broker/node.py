@@ -11,6 +11,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 
 import trio
 import trio_asyncio
@@ -67,6 +68,9 @@ class Node:
         # was sent; it stops acting as a leader a margin before that (self-fencing).
         self.lease_margin = max(0.5, config.lease_ttl / 10)
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
+        # False: stopping leaves the membership and the coordinator lease to expire, as after
+        # a crash (the test harness's in-process "kill").
+        self.leave_on_stop = True
         self._nursery: trio.Nursery | None = None
 
     # -- the view and the partitions this node leads --------------------------------------
@@ -437,27 +441,40 @@ def view_from_snapshot(snapshot: md.View) -> ClusterView:
     )
 
 
-async def run_node(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Open the stores, register, serve until cancelled; reports the advertised (host, port)."""
+async def run_node(config: Config, *, objects=None, freeze_heap: bool = True,
+                   migrate: bool = True, on_started: Callable[[Node], None] | None = None,
+                   task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Open the stores, register, serve until cancelled; reports the advertised (host, port).
+
+    For embedding (mink.testing): `objects` is a store the caller opened and closes (used
+    instead of `config.object_store`); `freeze_heap=False` leaves the host process's garbage
+    collector alone; `migrate=False` skips the migrations check, for a database the caller
+    cloned from a template migrated by this same code; `on_started(node)` is called once the
+    node serves."""
     async with trio_asyncio.open_loop():
-        objects = open_object_store(
-            config.object_store, endpoint_url=config.s3_endpoint_url, region=config.s3_region,
-            access_key_id=config.s3_access_key_id,
-            secret_access_key=config.s3_secret_access_key)
+        owned = objects is None
+        if owned:
+            objects = open_object_store(
+                config.object_store, endpoint_url=config.s3_endpoint_url,
+                region=config.s3_region, access_key_id=config.s3_access_key_id,
+                secret_access_key=config.s3_secret_access_key)
         try:
             await objects.check()
-            metadata = await MetadataStore.open(config.postgres_url)
+            metadata = await MetadataStore.open(config.postgres_url, migrate=migrate)
             try:
-                await _serve(Node(config, metadata, objects), task_status)
+                await _serve(Node(config, metadata, objects), task_status, freeze_heap,
+                             on_started)
             finally:
                 with trio.CancelScope(shield=True):
                     await metadata.aclose()
         finally:
-            with trio.CancelScope(shield=True):
-                await objects.aclose()
+            if owned:
+                with trio.CancelScope(shield=True):
+                    await objects.aclose()
 
 
-async def _serve(node: Node, task_status) -> None:
+async def _serve(node: Node, task_status, freeze_heap: bool = True,
+                 on_started: Callable[[Node], None] | None = None) -> None:
     config = node.config
     host, port = config.listener_address()
     async with trio.open_nursery() as nursery:
@@ -477,21 +494,25 @@ async def _serve(node: Node, task_status) -> None:
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)
             await nursery.start(node.groups.run)
+            if on_started is not None:
+                on_started(node)
             task_status.started(node.advertised)
-            # What start-up built lives as long as the node: keep it out of the collector's
-            # full passes, which stop the event loop for as long as they scan (DESIGN,
-            # "Performance notes").
-            gc.collect()
-            gc.freeze()
+            if freeze_heap:
+                # What start-up built lives as long as the node: keep it out of the
+                # collector's full passes, which stop the event loop for as long as they scan
+                # (DESIGN, "Performance notes").
+                gc.collect()
+                gc.freeze()
             await trio.sleep(math.inf)
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                try:
-                    await node.coordinator.release()
-                    await node.metadata.leave(node.node_id, node.node_epoch)
-                    log.info("node %d left the cluster", node.node_id)
-                except Exception as exc:  # the membership expires by itself
-                    log.warning("could not leave cleanly: %s", exc)
+            if node.leave_on_stop:  # False after a harness kill: nothing is released
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    try:
+                        await node.coordinator.release()
+                        await node.metadata.leave(node.node_id, node.node_epoch)
+                        log.info("node %d left the cluster", node.node_id)
+                    except Exception as exc:  # the membership expires by itself
+                        log.warning("could not leave cleanly: %s", exc)
 
 
 async def _settle_orphans(node: Node, streams: Streams) -> None:

@@ -38,10 +38,11 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-import psycopg
-import psycopg_pool
 import trio
-import trio_asyncio
+import trio_asyncio  # before psycopg.waiting where we can: see _bind_running_loop below
+import psycopg
+import psycopg.waiting
+import psycopg_pool
 from psycopg import pq
 
 from mink.storage.migrate import migrate as _migrate
@@ -60,6 +61,20 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def _bind_running_loop() -> None:
+    """psycopg.waiting binds `asyncio.get_running_loop` by name when it is first imported.
+    Imported before trio_asyncio (a test file or another library importing psycopg first),
+    it keeps the unpatched function, which sees no loop inside trio_asyncio, and every
+    connection attempt fails with "no running event loop". Rebind it to the patched one."""
+    import asyncio
+
+    if psycopg.waiting.get_running_loop is not asyncio.get_running_loop:
+        psycopg.waiting.get_running_loop = asyncio.get_running_loop
+
+
+_bind_running_loop()
 
 NOTIFY_CHANNEL = "mink_view"
 COORDINATOR_LEASE = "coordinator"

@@ -190,13 +190,18 @@ class GroupCoordinator:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._timers.run)
-                await self._ensure_offsets_topic()
-                self.on_view()
-                task_status.started()
-                while True:
-                    await trio.sleep(1.0)
+                try:
+                    nursery.start_soon(self._timers.run)
                     await self._ensure_offsets_topic()
+                    self.on_view()
+                    task_status.started()
+                    while True:
+                        await trio.sleep(1.0)
+                        await self._ensure_offsets_topic()
+                finally:
+                    # Closed to new tasks from here on, while its children finish: a view
+                    # refresh still running elsewhere on a stopping node must not spawn one.
+                    self._nursery = None
         finally:
             self._nursery = None
             for index in list(self._partitions):
