@@ -1,0 +1,1 @@
+"""Test aids that ship with Mink (fault injection); only trio and the stdlib are imported here."""
