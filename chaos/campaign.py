@@ -52,6 +52,14 @@ class Campaign:
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         out_dir.mkdir(parents=True, exist_ok=True)
         self.history = History(out_dir / f"{self.name}.history.jsonl")
+        self.logs_dir = out_dir / f"{self.name}.logs"
+        self.logs_dir.mkdir(exist_ok=True)
+        handler = logging.FileHandler(self.logs_dir / "clients.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        for name in ("chaos.clients", "kafka"):
+            client_log = logging.getLogger(name)
+            client_log.addHandler(handler)
+            client_log.propagate = False
         self.nodes: dict[int, Node] = {}
         self.workers: list[Any] = []
         self.consumers: list[GroupConsumer] = []
@@ -253,7 +261,7 @@ class Campaign:
                           (TOPIC,))
         read: dict[int, int] = {}
         for consumer in self.consumers:
-            for partition, position in list(consumer.positions.items()):
+            for partition, position in list(consumer.read_up_to.items()):
                 read[partition] = max(read.get(partition, 0), position)
         return all(read.get(p, 0) >= end for p, end in rows if end > 0)
 
@@ -306,8 +314,7 @@ class Campaign:
             self.history.close()
         except Exception:
             pass
-        logs = self.out_dir / f"{self.name}.logs"
-        logs.mkdir(exist_ok=True)
+        logs = self.logs_dir
         for path in list(self.work_dir.glob("*.log")) + list(self.work_dir.glob("postgres/*.log")):
             shutil.copy(path, logs / path.name)
         if not self.keep_work_dir:

@@ -37,6 +37,8 @@ Reported, not failing
   idempotence (retries), counted.
 - stalled_partition (liveness): a partition not read by the group for longer than the bound
   while it had acknowledged records the group had not read.
+- stalled_producer (liveness): a producer session without any acknowledgement for longer than
+  the bound while it kept sending.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from typing import Any
 
 SAFETY = ("lost", "wrong_offset", "duplicate", "reorder", "offset_conflict", "hole",
           "fenced_ack", "commit_backwards", "final_read_incomplete")
-REPORTED = ("duplicate_non_idempotent", "reorder_non_idempotent", "stalled_partition")
+REPORTED = ("duplicate_non_idempotent", "reorder_non_idempotent", "stalled_partition",
+            "stalled_producer")
 
 
 @dataclass
@@ -319,6 +322,12 @@ def check_commits(facts: Facts, out: Anomalies) -> None:
                     "earlier_consumer": earlier["consumer"], "earlier_done": earlier["t"]})
 
 
+def faults_in(facts: Facts, start: float, end: float) -> list[str]:
+    """The faults that started in [start, end], as "name@t"."""
+    return [f"{f['fault']}@{f['t']:.1f}" for f in facts.faults
+            if f["phase"] == "start" and start <= f["t"] <= end]
+
+
 def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
     reads: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for r in facts.reads:
@@ -350,7 +359,32 @@ def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
                 out["stalled_partition"].append({"partition": partition, "from": round(t0, 2),
                                                  "to": round(t1, 2),
                                                  "seconds": round(t1 - t0, 2),
-                                                 "position": pos, "bound": bound})
+                                                 "position": pos, "bound": bound,
+                                                 "faults_before": faults_in(facts, t0 - bound, t1)})
+
+
+def check_producer_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
+    sends: dict[str, list[float]] = defaultdict(list)
+    for s in facts.sends.values():
+        sends[s["producer"]].append(s["t"])
+    acks: dict[str, list[float]] = defaultdict(list)
+    for a in facts.acks.values():
+        acks[a["producer"]].append(a["t"])
+    for producer, send_times in sorted(sends.items()):
+        send_times.sort()
+        points = [send_times[0], *sorted(acks.get(producer, ())), send_times[-1]]
+        points.sort()
+        for t0, t1 in zip(points, points[1:]):
+            if t1 - t0 <= bound:
+                continue
+            sent = bisect.bisect_right(send_times, t1 - bound) - bisect.bisect_left(send_times, t0)
+            if sent > 0:
+                failed = sum(1 for f in facts.fails.values()
+                             if f["producer"] == producer and t0 <= f["t"] <= t1)
+                out["stalled_producer"].append({"producer": producer, "from": round(t0, 2),
+                                                "to": round(t1, 2), "seconds": round(t1 - t0, 2),
+                                                "sent_meanwhile": sent, "failed_meanwhile": failed,
+                                                "faults_before": faults_in(facts, t0 - bound, t1)})
 
 
 def check(events: Iterable[dict[str, Any]], stall_bound: float | None = None) -> Anomalies:
@@ -367,6 +401,7 @@ def check(events: Iterable[dict[str, Any]], stall_bound: float | None = None) ->
     check_fenced_acks(facts, out)
     check_commits(facts, out)
     check_stalls(facts, out, stall_bound)
+    check_producer_stalls(facts, out, stall_bound)
     return out
 
 

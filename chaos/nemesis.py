@@ -26,7 +26,8 @@ def _hold(c: Campaign, seconds: float) -> None:
 
 def kill(c: Campaign, rng: random.Random) -> dict[str, Any]:
     coordinator = c.coordinator_node()
-    if coordinator is not None and rng.random() < 0.4:
+    target_coordinator = rng.random() < 0.4  # drawn always: the schedule stays the seed's
+    if coordinator is not None and target_coordinator:
         node = c.nodes[coordinator]
     else:
         node = rng.choice(list(c.nodes.values()))

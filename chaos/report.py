@@ -156,7 +156,7 @@ def plot(facts: Facts, windows: list[dict[str, Any]], path: Path) -> bool:
     reads: dict[int, int] = defaultdict(int)
     for r in facts.reads:
         reads[int(r["t"])] += 1
-    end = int(facts.end_t) + 1
+    end = int(facts.run.get("consume_until", facts.end_t)) + 5
     xs = list(range(end))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 7), sharex=True)
     for name, counts in sorted(per_second.items()):

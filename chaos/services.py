@@ -275,6 +275,12 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connectio
                "trailer", "upgrade"}
 
 
+class _Upstream(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class S3FaultProxy:
     """An HTTP proxy in front of moto that can answer errors, lose replies, slow or refuse
     requests. Controls are plain attributes, read once per request:
@@ -299,6 +305,12 @@ class S3FaultProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                # headers and body go out in separate writes: without this, Nagle and the
+                # peer's delayed ACK add 40 ms to every request
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -334,8 +346,7 @@ class S3FaultProxy:
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 headers["Content-Length"] = str(len(body))
-                connection = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port,
-                                                        timeout=60)
+                connection = _Upstream("127.0.0.1", proxy.upstream_port, timeout=60)
                 try:
                     connection.request(self.command, self.path, body=body, headers=headers)
                     response = connection.getresponse()
@@ -370,6 +381,9 @@ class S3FaultProxy:
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that went away mid-request (faults do that); nothing to say
 
         self._server = Server(("127.0.0.1", 0), Handler)
         self.port = self._server.server_address[1]

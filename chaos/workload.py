@@ -20,6 +20,9 @@ from typing import Any
 from chaos.history import History
 
 log = logging.getLogger("chaos")
+# librdkafka's own log lines (disconnects, retries: many under faults) go here, not to stderr;
+# the campaign writes this logger to the run's clients.log.
+CLIENT_LOG = logging.getLogger("chaos.clients")
 
 
 class Worker(threading.Thread):
@@ -76,6 +79,7 @@ class ConfluentProducer(Worker):
             "retry.backoff.ms": 100,
             "max.in.flight.requests.per.connection": 5,
             "error_cb": self._on_error,
+            "logger": CLIENT_LOG,
         }
 
     def _on_error(self, err: Any) -> None:
@@ -89,7 +93,7 @@ class ConfluentProducer(Worker):
         while not self.stopping.is_set():
             producer_name = f"{self.name}.{session}"
             self.fatal = None
-            producer = Producer(self._config())
+            producer = Producer({**self._config(), "client.id": producer_name})
             self.history.record("producer", producer=producer_name, client="confluent-kafka",
                                 idempotent=self.idempotent, acks="all")
             self._produce(producer, producer_name)
@@ -138,7 +142,8 @@ class KafkaPythonProducer(Worker):
         session = 0
         while not self.stopping.is_set():
             producer_name = f"{self.name}.{session}"
-            producer = KafkaProducer(bootstrap_servers=self.bootstrap.split(","))
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap.split(","),
+                                     client_id=producer_name)
             config = producer.config
             self.history.record("producer", producer=producer_name, client="kafka-python",
                                 idempotent=bool(config.get("enable_idempotence")),
@@ -184,6 +189,7 @@ class GroupConsumer(Worker):
         self.bootstrap, self.topic, self.group = bootstrap, topic, group
         self.positions: dict[int, int] = {}
         self.committed: dict[int, int] = {}
+        self.read_up_to: dict[int, int] = {}  # next offset after the highest read, ever
         self.read_count = 0
 
     def work(self) -> None:
@@ -198,6 +204,7 @@ class GroupConsumer(Worker):
             "auto.offset.reset": "earliest",
             "session.timeout.ms": 10000,
             "heartbeat.interval.ms": 1000,
+            "logger": CLIENT_LOG,
         })
 
         def on_assign(c: Any, partitions: list) -> None:
@@ -220,6 +227,8 @@ class GroupConsumer(Worker):
                     history.record("read", consumer=self.name, partition=msg.partition(),
                                    offset=msg.offset(), id=msg.value().decode())
                     self.positions[msg.partition()] = msg.offset() + 1
+                    self.read_up_to[msg.partition()] = max(self.read_up_to.get(msg.partition(), 0),
+                                                           msg.offset() + 1)
                     self.read_count += 1
                 if time.monotonic() - last_commit >= 1.0:
                     last_commit = time.monotonic()
@@ -257,6 +266,7 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
         "group.id": "chaos-final-read",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        "logger": CLIENT_LOG,
     })
     deadline = time.monotonic() + timeout
     try:

@@ -251,3 +251,15 @@ def test_read_absent_from_the_final_log(partition, offset):
     anomalies = check(events)
     assert [(a["partition"], a["offset"]) for a in anomalies["offset_conflict"]] == [
         (partition, offset + 10)]
+
+
+def test_stalled_producer_is_reported_not_failed():
+    events = clean_history()
+    at = next(i for i, e in enumerate(events) if e["type"] == "consumers_stopped")
+    # plain-0 sends on from t=9 to t=40 and nothing is acknowledged
+    events[at:at] = [{"t": 9.0 + i, "type": "send", "producer": "plain-0",
+                      "id": f"plain-0-{10 + i}", "seq": 10 + i} for i in range(32)]
+    anomalies = check(events)
+    [stall] = anomalies["stalled_producer"]
+    assert stall["producer"] == "plain-0" and stall["seconds"] > 30
+    assert safety_failures(anomalies) == 0
