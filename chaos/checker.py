@@ -176,14 +176,21 @@ def check_reorder(facts: Facts, out: Anomalies) -> None:
     for (producer, partition), entries in sorted(acked.items()):
         entries.sort()
         kind = "reorder" if facts.idempotent(producer) else "reorder_non_idempotent"
+        # one anomaly per overtaken message: the first later-sent message stored before it,
+        # and how many later-sent messages were
         highest: tuple[int, int, str] | None = None
+        current: dict[str, Any] | None = None
         for entry in entries:
             if highest is not None and entry[1] < highest[1]:
-                out[kind].append({"producer": producer, "partition": partition,
-                                  "earlier_sent": {"id": highest[2], "seq": highest[0],
-                                                   "offset": highest[1]},
-                                  "later_sent": {"id": entry[2], "seq": entry[0],
-                                                 "offset": entry[1]}})
+                if current is None or current["earlier_sent"]["id"] != highest[2]:
+                    current = {"producer": producer, "partition": partition,
+                               "earlier_sent": {"id": highest[2], "seq": highest[0],
+                                                "offset": highest[1]},
+                               "later_sent": {"id": entry[2], "seq": entry[0],
+                                              "offset": entry[1]},
+                               "later_sent_stored_before": 0}
+                    out[kind].append(current)
+                current["later_sent_stored_before"] += 1
             if highest is None or entry[1] > highest[1]:
                 highest = entry
 

@@ -13,6 +13,7 @@ A producer that hits a fatal error starts a new session (a new producer id), rec
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -93,7 +94,10 @@ class ConfluentProducer(Worker):
         while not self.stopping.is_set():
             producer_name = f"{self.name}.{session}"
             self.fatal = None
-            producer = Producer({**self._config(), "client.id": producer_name})
+            config = {**self._config(), "client.id": producer_name}
+            if os.environ.get("CHAOS_RDKAFKA_DEBUG"):  # e.g. "broker,msg,protocol"
+                config["debug"] = os.environ["CHAOS_RDKAFKA_DEBUG"]
+            producer = Producer(config)
             self.history.record("producer", producer=producer_name, client="confluent-kafka",
                                 idempotent=self.idempotent, acks="all")
             self._produce(producer, producer_name)
@@ -257,25 +261,23 @@ class GroupConsumer(Worker):
 
 
 def final_read(history: History, bootstrap: str, topic: str, partitions: int,
-               timeout: float = 180.0) -> bool:
-    """Read every partition from offset 0 up to its high watermark; True if complete."""
+               timeout: float = 300.0) -> bool:
+    """Read every partition from offset 0 up to its high watermark; True if complete.
+
+    One consumer per partition, in parallel: reading old data costs the leaders one ranged
+    GET per committed range, so the partitions' leaders are kept busy side by side."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": "chaos-final-read",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "logger": CLIENT_LOG,
-    })
     deadline = time.monotonic() + timeout
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "chaos-final-read",
+                      "logger": CLIENT_LOG})
+    high: dict[int, int] = {}
     try:
-        high: dict[int, int] = {}
         for p in range(partitions):
             while True:
                 try:
-                    low, hi = consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                             timeout=10, cached=False)
+                    low, hi = probe.get_watermark_offsets(TopicPartition(topic, p),
+                                                          timeout=10, cached=False)
                     break
                 except KafkaException:
                     if time.monotonic() > deadline:
@@ -283,20 +285,40 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
                     time.sleep(1)
             high[p] = hi
             history.record("watermark", partition=p, low=low, high=hi)
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        position = {p: 0 for p in range(partitions)}
-        while any(position[p] < high[p] for p in position) and time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=1.0):
-                if msg.error():
-                    history.record("consumer_error", consumer="final", error=str(msg.error()))
-                    continue
-                epoch = msg.leader_epoch()
-                history.record("final", partition=msg.partition(), offset=msg.offset(),
-                               id=msg.value().decode(), leader_epoch=epoch)
-                position[msg.partition()] = max(position[msg.partition()], msg.offset() + 1)
-        missing = [p for p in position if position[p] < high[p]]
-        history.record("final_done", complete=not missing, missing=missing,
-                       high={str(p): h for p, h in high.items()})
-        return not missing
     finally:
-        consumer.close()
+        probe.close()
+    position = {p: 0 for p in range(partitions)}
+
+    def read_partition(p: int) -> None:
+        consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": "chaos-final-read",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "logger": CLIENT_LOG,
+        })
+        try:
+            consumer.assign([TopicPartition(topic, p, 0)])
+            while position[p] < high[p] and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=1.0):
+                    if msg.error():
+                        history.record("consumer_error", consumer=f"final-{p}",
+                                       error=str(msg.error()))
+                        continue
+                    history.record("final", partition=msg.partition(), offset=msg.offset(),
+                                   id=msg.value().decode(), leader_epoch=msg.leader_epoch())
+                    position[p] = max(position[p], msg.offset() + 1)
+        finally:
+            consumer.close()
+
+    readers = [threading.Thread(target=read_partition, args=(p,), daemon=True,
+                                name=f"final-read-{p}") for p in range(partitions)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(max(1.0, deadline - time.monotonic() + 30))
+    missing = [p for p in position if position[p] < high[p]]
+    history.record("final_done", complete=not missing, missing=missing,
+                   high={str(p): h for p, h in high.items()},
+                   reached={str(p): position[p] for p in position})
+    return not missing
