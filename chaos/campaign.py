@@ -220,12 +220,30 @@ class Campaign:
             consumer.stopping.set()
         for consumer in self.consumers:
             consumer.join(30)
+        self._dump_stuck_threads()
         final_read(self.history, bootstrap, TOPIC, self.partitions)
         self.snapshot_postgres()
         self.history.record("end", s3_proxy=self.s3_proxy.counts,
                             node_starts={n.node_id: n.starts for n in self.nodes.values()})
         self.history.close()
         return self.history.path
+
+    def _dump_stuck_threads(self) -> None:
+        """Where each worker that did not stop is blocked (a client call that never returns)."""
+        import sys
+        import traceback
+
+        stuck = [w for w in self.workers + self.consumers if w.is_alive()]
+        if not stuck:
+            return
+        frames = sys._current_frames()
+        with open(self.logs_dir / "stuck-threads.txt", "a") as f:
+            for worker in stuck:
+                self.history.record("worker_stuck", worker=worker.name)
+                f.write(f"--- {worker.name} at t={self.history.now():.1f}\n")
+                frame = frames.get(worker.ident)
+                if frame is not None:
+                    f.write("".join(traceback.format_stack(frame)))
 
     def heal(self) -> None:
         """End every fault that might still be in force."""

@@ -41,6 +41,8 @@ def write_report(history_path: Path, events: list[dict[str, Any]], anomalies: An
     totals = summary(facts)
     extra = {e["type"]: e for e in events if e["type"] in ("end", "final_done")}
     worker_errors = [e for e in events if e["type"] == "worker_error"]
+    worker_errors += [{"worker": e["worker"], "error": "did not stop (blocked in a client call; "
+                       "stack in stuck-threads.txt)"} for e in events if e["type"] == "worker_stuck"]
     waits = [e for e in events if e["type"] == "wait_timeout"]
     result = {
         "run": facts.run,
