@@ -33,6 +33,9 @@ def check_and_report(history_path: Path, command: str) -> int:
     events = list(read_history(history_path))
     run = next((e for e in events if e["type"] == "run"), {})
     anomalies = check(events, stall_bound=run.get("stall_bound"))
+    if run:  # the command that reproduces the run, also when only re-checking it
+        command = (f"python -m chaos --duration {run['duration']:g} --faults "
+                   f"{','.join(run['faults']) or 'none'} --seed {run['seed']} --rate {run['rate']:g}")
     paths = write_report(history_path, events, anomalies, command)
     failures = safety_failures(anomalies)
     counts = ", ".join(f"{name} {len(anomalies[name])}" for name in SAFETY + REPORTED)

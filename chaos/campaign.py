@@ -184,7 +184,9 @@ class Campaign:
 
     def run(self) -> Path:
         rng = random.Random(self.seed)
-        self.history.record("run", seed=self.seed, duration=self.duration, faults=self.faults,
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent).stdout.strip()
+        self.history.record("run", seed=self.seed, commit=commit or None, duration=self.duration, faults=self.faults,
                             stall_bound=self.stall_bound, lease_ttl=self.lease_ttl,
                             coordinator_tick=self.coordinator_tick, partitions=self.partitions,
                             rate=self.rate, topic=TOPIC, pg_proxy_node=self.pg_proxy_node,

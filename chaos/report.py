@@ -59,12 +59,12 @@ def write_report(history_path: Path, events: list[dict[str, Any]], anomalies: An
     json_path = out / f"{stem}.json"
     json_path.write_text(json.dumps(result, indent=1, default=str))
     png_path = out / f"{stem}.png"
-    plotted = plot(facts, windows, png_path)
+    plotted = plot(facts, windows, png_path, anomalies)
 
     lines = [
         f"# Chaos run {stem}",
         "",
-        f"`{command}`",
+        f"`{command}`" + (f" at commit {facts.run['commit']}" if facts.run.get("commit") else ""),
         "",
         f"Seed {facts.run.get('seed')}, {facts.run.get('duration')} s of faults "
         f"({', '.join(facts.run.get('faults', [])) or 'none'}), lease_ttl "
@@ -138,7 +138,8 @@ COLORS = {"kill": "tab:red", "pause": "tab:orange", "pg-restart": "tab:purple",
           "clock-node": "tab:green"}
 
 
-def plot(facts: Facts, windows: list[dict[str, Any]], path: Path) -> bool:
+def plot(facts: Facts, windows: list[dict[str, Any]], path: Path,
+         anomalies: Anomalies | None = None) -> bool:
     try:
         import matplotlib
 
@@ -176,6 +177,13 @@ def plot(facts: Facts, windows: list[dict[str, Any]], path: Path) -> bool:
     bottom.set_ylabel("send to ack (ms), by ack second")
     bottom.set_xlabel("seconds since the run started")
     bottom.legend(loc="upper right", fontsize=7)
+    # safety anomalies naming a message: a red mark at its send time
+    marks = sorted({facts.sends[item["id"]]["t"] for name in SAFETY
+                    for item in (anomalies or {}).get(name, ())
+                    if item.get("id") in facts.sends})
+    if marks:
+        top.plot(marks, [0] * len(marks), "rx", markersize=6, label="sent, then a safety anomaly")
+        top.legend(loc="upper right", fontsize=7)
     seen = set()
     for w in windows:
         color = COLORS.get(w["fault"], "tab:gray")
