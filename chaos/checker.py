@@ -367,7 +367,8 @@ def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
                                                  "to": round(t1, 2),
                                                  "seconds": round(t1 - t0, 2),
                                                  "position": pos, "bound": bound,
-                                                 "faults_before": faults_in(facts, t0 - bound, t1)})
+                                                 "faults_before": faults_in(facts, t0 - bound, t0 + 1.0),
+                                                 "faults_during": len(faults_in(facts, t0 + 1.0, t1))})
 
 
 def check_producer_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
@@ -391,7 +392,8 @@ def check_producer_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
                 out["stalled_producer"].append({"producer": producer, "from": round(t0, 2),
                                                 "to": round(t1, 2), "seconds": round(t1 - t0, 2),
                                                 "sent_meanwhile": sent, "failed_meanwhile": failed,
-                                                "faults_before": faults_in(facts, t0 - bound, t1)})
+                                                "faults_before": faults_in(facts, t0 - bound, t0 + 1.0),
+                                                 "faults_during": len(faults_in(facts, t0 + 1.0, t1))})
 
 
 def check(events: Iterable[dict[str, Any]], stall_bound: float | None = None) -> Anomalies:
