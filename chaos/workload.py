@@ -200,7 +200,7 @@ class GroupConsumer(Worker):
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         history = self.history
-        consumer = Consumer({
+        config = {
             "bootstrap.servers": self.bootstrap,
             "group.id": self.group,
             "client.id": self.name,
@@ -209,7 +209,11 @@ class GroupConsumer(Worker):
             "session.timeout.ms": 10000,
             "heartbeat.interval.ms": 1000,
             "logger": CLIENT_LOG,
-        })
+        }
+        if os.environ.get("CHAOS_RDKAFKA_CONSUMER_DEBUG"):  # e.g. "cgrp,protocol"
+            config["debug"] = os.environ["CHAOS_RDKAFKA_CONSUMER_DEBUG"]
+            del config["logger"]  # to stderr from librdkafka's threads, even while blocked
+        consumer = Consumer(config)
 
         def on_assign(c: Any, partitions: list) -> None:
             history.record("assign", consumer=self.name, partitions=[p.partition for p in partitions])
@@ -240,6 +244,7 @@ class GroupConsumer(Worker):
                     if not todo:
                         continue
                     sent = history.now()
+                    history.record("commit_sent", consumer=self.name, offsets=todo)
                     try:
                         result = consumer.commit(offsets=[TopicPartition(self.topic, p, o)
                                                           for p, o in todo.items()],
