@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
           f"--duration {args.duration:g})", flush=True)
     command = (f"python -m chaos --duration {args.duration:g} --faults {args.faults} "
                f"--seed {seed} --rate {args.rate:g}")
+    # SIGINT explicitly too: a shell starting us in the background leaves it ignored
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGHUP, _raise_interrupt)
 

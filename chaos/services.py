@@ -153,7 +153,7 @@ class Postgres:
              # synchronous_commit=off would not, and would fake lost writes.
              "-c", "full_page_writes=off"],
             user=self.user, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
-            preexec_fn=_die_with_parent)
+            preexec_fn=_die_with_parent, start_new_session=True)  # Ctrl-C is ours to handle
         log_file.close()
         self.wait_ready()
 
@@ -242,7 +242,8 @@ class Moto:
         log_file = open(self.root / "moto.log", "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            start_new_session=True)
         log_file.close()
         wait_listening(self.port, 60, self.process, "moto")
 

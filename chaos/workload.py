@@ -157,7 +157,10 @@ class KafkaPythonProducer(Worker):
                 producer.flush(timeout=60 if self.stopping.is_set() else 5)
             except Exception as exc:
                 error = error or repr(exc)
-            producer.close(timeout=5)
+            try:
+                producer.close(timeout=5)
+            except Exception as exc:  # the cluster may be gone already (interrupted run)
+                error = error or repr(exc)
             self.history.record("producer_closed", producer=producer_name, fatal=error)
             session += 1
 
