@@ -206,12 +206,20 @@ def parse_faults(spec: str) -> list[str]:
 
 
 def run_schedule(c: Campaign, rng: random.Random, names: list[str], until: float) -> None:
-    """Faults one after another, with quiet gaps, until `until` (history time)."""
+    """Faults one after another, with quiet gaps, until `until` (history time). Classes are
+    drawn from a shuffled bag, so that a mixed run of a few minutes causes every one."""
+    bag: list[str] = []
     while c.history.now() < until:
         c.sleep(min(rng.uniform(1.0, 5.0), max(0.0, until - c.history.now())))
         if not names or c.history.now() >= until - 1.0:
             continue
-        name = rng.choice(names)
+        if len(names) == 1:
+            name = rng.choice(names)  # (a draw all the same: seeds of earlier runs reproduce)
+        else:
+            if not bag:
+                bag = list(names)
+                rng.shuffle(bag)
+            name = bag.pop()
         t0 = time.monotonic()
         try:
             detail = FAULTS[name](c, rng)
