@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean
+.PHONY: run test bench chaos clean
 
 $(BIN)/mink: pyproject.toml setup.py mink/protocol/_record_walk.pyx
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,16 @@ test: $(BIN)/mink
 bench: $(BIN)/mink
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The fault campaign (chaos/README.md): DURATION seconds of faults (FAULTS: a comma list of
+# fault classes or groups, see `python -m chaos --help`), reproducible from SEED (random if
+# unset, and printed). Exit status 1 on any safety anomaly; results in chaos/results/.
+DURATION ?= 120
+FAULTS ?= mixed
+SEED ?=
+chaos: $(BIN)/mink
+	$(BIN)/pip install --quiet -e '.[chaos]'
+	$(BIN)/python -m chaos --duration $(DURATION) --faults $(FAULTS) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mink .pytest_cache .hypothesis
