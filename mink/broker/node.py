@@ -20,6 +20,7 @@ from mink.broker.cluster.coordinator import ClusterCoordinator, NotCoordinator
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
+from mink.broker.cluster.lifecycle import LifecycleLoops
 from mink.broker.transactions.producer_ids import ProducerIdBlock
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.config import validate_topic_config
@@ -50,6 +51,7 @@ class Node:
         self.producer_ids = ProducerIdBlock(metadata)
         self.coordinator = ClusterCoordinator(self)
         self.leases = BackgroundLeases(self, config.max_partitions)
+        self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         # False while this node may not act as a leader: before it registered, and after it
         # could not renew its membership in time (self-fencing).
@@ -384,6 +386,7 @@ async def _serve(node: Node, task_status) -> None:
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)
+            nursery.start_soon(node.lifecycle.run)
             await nursery.start(node.groups.run)
             task_status.started(node.advertised)
             # What start-up built lives as long as the node: keep it out of the collector's
