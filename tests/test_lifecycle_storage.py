@@ -210,3 +210,27 @@ async def test_metadata_pruning(metadata, nursery):
     assert await count("wal_objects") == wal_rows - 2
     assert await count("change_log") <= 2
     assert pruned["producer_state"] == 0
+
+
+async def test_settling_orphans_at_restart_is_paged_and_skips_decided_keys(metadata, nursery):
+    """More keys than one page, most of them decided already: only the undecided ones are
+    abandoned (and each page is its own transaction, so no lock table fills up)."""
+    from mink.storage import streams as streams_module
+    from mink.storage.wal import wal_key
+
+    objects = open_object_store("memory://")
+    first = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    keys = [wal_key(1, first, seq) for seq in range(1, 2 * streams_module.SETTLE_PAGE + 501)]
+    for key in keys:
+        await objects.create(key, [b"x"])
+    decided, undecided = keys[:-100], keys[-100:]
+    await metadata._all(lifecycle.IDEMPOTENT, """
+        INSERT INTO wal_objects (key, node_id, node_epoch, size, committed, outcome)
+        SELECT k, 1, %s, 1, false, '{"committed": false, "reason": "x", "ranges": []}'
+          FROM unnest(%s::text[]) AS k RETURNING key""", (first, decided))
+    second = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    restarted = Streams(1, second, objects, metadata)
+    assert sorted(await restarted.settle_orphans(objects)) == undecided
+    abandoned = await metadata._all(lifecycle.READ, """
+        SELECT key FROM wal_objects WHERE outcome->>'reason' = 'abandoned' ORDER BY key""")
+    assert [k for (k,) in abandoned] == undecided

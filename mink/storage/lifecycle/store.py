@@ -33,6 +33,9 @@ SELECT kind, deleted FROM mink_prune_metadata(%s::float8, %s::bigint, %s::bigint
 SQL_LED_LOG_STARTS = """
 SELECT topic_id, partition, log_start_offset FROM partitions
  WHERE leader_node = %s AND log_start_offset > 0"""
+SQL_UNDECIDED_KEYS = """
+SELECT k FROM unnest(%s::text[]) AS k
+ WHERE NOT EXISTS (SELECT 1 FROM wal_objects AS w WHERE w.key = k)"""
 SQL_LOG_START = """
 SELECT log_start_offset FROM partitions WHERE topic_id = %s AND partition = %s"""
 
@@ -122,6 +125,11 @@ async def led_log_starts(store: MetadataStore,
     return [tuple(r) for r in await store._all(READ, SQL_LED_LOG_STARTS, (node_id,))]
 
 
+async def undecided_keys(store: MetadataStore, keys: list[str]) -> list[str]:
+    """The keys CommitWal (or an abandonment) never decided on; a plain read, no locks."""
+    return [r[0] for r in await store._all(READ, SQL_UNDECIDED_KEYS, (keys,))]
+
+
 async def log_start(store: MetadataStore, topic_id: uuid.UUID, partition: int) -> int | None:
     row = await store._one(READ, SQL_LOG_START, (topic_id, partition))
     return None if row is None else row[0]
@@ -131,5 +139,5 @@ __all__ = [
     "LOG_START_CHANNEL", "DeleteRecordsRefused", "ConfigChanged", "StaleEpoch",
     "apply_retention", "delete_records", "topic_config", "alter_topic_config",
     "queue_unreferenced", "due_deletions", "deletions_done", "prune_metadata",
-    "led_log_starts", "log_start",
+    "led_log_starts", "log_start", "undecided_keys",
 ]
