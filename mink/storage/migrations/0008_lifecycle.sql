@@ -47,6 +47,21 @@ BEGIN
 END $$;
 
 
+-- Every deletion of index rows (retention, DeleteRecords, a topic deleted, later tiering's
+-- swaps) releases the objects that lost their last row: collection is driven by this queue,
+-- never by a scan of every committed object. One call per statement (transition table).
+CREATE FUNCTION mink_batch_index_released() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM mink_release_objects(ARRAY(SELECT DISTINCT object_key FROM gone_rows));
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER batch_index_released AFTER DELETE ON batch_index
+    REFERENCING OLD TABLE AS gone_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION mink_batch_index_released();
+
+
 -- Move a partition's log start to p_offset: only forward (GREATEST), never above the high
 -- watermark (LEAST). Index rows wholly below it go, their objects are released if no row
 -- uses them any more, the leader-epoch cache is truncated from the start as Kafka's
@@ -58,7 +73,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_before bigint;
     v_start  bigint;
-    v_keys   text[];
 BEGIN
     SELECT log_start_offset INTO v_before FROM partitions
      WHERE topic_id = p_topic_id AND partition = p_partition;
@@ -70,13 +84,9 @@ BEGIN
         RETURN v_start;
     END IF;
 
-    WITH gone AS (
-        DELETE FROM batch_index
-         WHERE topic_id = p_topic_id AND partition = p_partition AND last_offset < v_start
-        RETURNING object_key
-    )
-    SELECT array_agg(DISTINCT object_key) INTO v_keys FROM gone;
-    PERFORM mink_release_objects(v_keys);
+    -- (the objects whose last row goes are released by batch_index_released)
+    DELETE FROM batch_index
+     WHERE topic_id = p_topic_id AND partition = p_partition AND last_offset < v_start;
 
     DELETE FROM leader_epochs AS e
      WHERE e.topic_id = p_topic_id AND e.partition = p_partition AND e.start_offset < v_start
