@@ -33,10 +33,12 @@ LOG_START_POLL = 10.0
 # Collection: keys per round trip, deletions in flight on stores without batch deletes.
 COLLECT_BATCH = 1000
 DELETE_CONCURRENCY = 16
-# Metadata kept after the objects it describes are gone: WAL decisions (CommitWal repeats
-# come only from their writer, within its commit timeout), change-log versions.
-DECISIONS_KEPT_S = 600.0
-CHANGE_LOG_KEPT = 10_000
+# Metadata kept after the objects it describes are gone: WAL decisions for 5 minutes
+# (CommitWal repeats come only from their writer, within its commit timeout; later ones carry
+# a fenced node epoch), change-log versions for 5 minutes and at least the newest 100 (for
+# people and tools reading it: nodes read the whole view at every refresh).
+DECISIONS_KEPT_S = 300.0
+CHANGE_LOG_KEPT = 100
 
 
 class LifecycleLoops:
@@ -59,6 +61,8 @@ class LifecycleLoops:
                 await self.retention_round()
             except md.MetadataUnavailable as exc:
                 log.warning("retention round skipped: %s", exc)
+            except Exception:  # a lifecycle loop's trouble must never take the node down
+                log.exception("retention round failed")
 
     async def retention_round(self) -> dict[str, dict[int, int]]:
         """Retention of every topic this node holds the writer lease of. Returns topic name
@@ -113,10 +117,14 @@ class LifecycleLoops:
                             await self.refresh_log_starts()
                         except md.MetadataUnavailable as exc:
                             log.warning("log start refresh failed: %s", exc)
+                        except Exception:
+                            log.exception("log start refresh failed")
                         with trio.move_on_after(LOG_START_POLL):
                             await wakeups.wait()
             except* md.MetadataUnavailable as group:
                 log.warning("log-start listener unavailable: %s", group.exceptions[0])
+            except* Exception as group:
+                log.error("log-start listener failed: %r", group.exceptions[0])
             await trio.sleep(1.0)
 
     async def refresh_log_starts(self) -> None:
@@ -144,6 +152,8 @@ class LifecycleLoops:
                 log.warning("collection skipped: %s", exc)
             except ObjectStoreError as exc:
                 log.warning("collection stopped: %s", exc)
+            except Exception:
+                log.exception("collection failed")
 
     async def collect(self) -> dict[str, int]:
         """One collection round; returns how many objects and metadata rows went."""
