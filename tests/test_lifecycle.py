@@ -296,9 +296,13 @@ async def test_incremental_alter_configs_takes_effect_without_a_restart(node):
 
     def scenario():
         client = admin(node)
-        create_topic(node, "alter")
+        create_topic(node, "alter", segment_bytes=1 << 20)
         produce_rows(node, "alter", [b"a", b"b"], now_ms() - 2 * HOUR_MS)
         produce_rows(node, "alter", [b"c"])
+        # every stored setting is described, also those Mink only keeps for Kafka tools
+        entry = describe(client)["segment.bytes"]
+        assert (entry.value, entry.source) == (str(1 << 20),
+                                               ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
         entry = describe(client)["retention.ms"]
         assert (entry.value, entry.source) == ("604800000", ConfigSource.DEFAULT_CONFIG.value)
         assert watermarks(node, "alter") == (0, 3)

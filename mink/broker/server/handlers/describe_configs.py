@@ -60,7 +60,14 @@ def topic_config_entries(config: dict[str, str], broker_config: Config | None = 
         _, value, source = synonyms[0]
         entries.append(ConfigEntry(name, value, source, False, setting.type, setting.doc,
                                    tuple(synonyms)))
-    return entries
+    # Kafka settings Mink stores without acting on them (segment.bytes, ...): reported as
+    # the topic's own, so that what was set is what is described.
+    for name in sorted(set(config) - set(TOPIC_SETTINGS)):
+        value = str(config[name])
+        entries.append(ConfigEntry(name, value, DYNAMIC_TOPIC_CONFIG, False, "STRING",
+                                   "stored for Kafka tools; Mink does not act on it",
+                                   ((name, value, DYNAMIC_TOPIC_CONFIG),)))
+    return sorted(entries, key=lambda e: e.name)
 
 
 _DEFAULTS = Config()
