@@ -152,8 +152,10 @@ def main() -> None:
               f"median settle {results[n]['settle_s']:.3f} s")
     if len(sizes) >= 2:
         small, large = results[sizes[0]], results[sizes[-1]]
+        total_small = small["ready_s"] + small["settle_s"]
+        total_large = large["ready_s"] + large["settle_s"]
         print(f"ratio {sizes[-1]}/{sizes[0]}: ready {large['ready_s'] / small['ready_s']:.2f}x, "
-              f"ready + settle {(large['ready_s'] + large['settle_s']) / (small['ready_s'] + small['settle_s']):.2f}x")
+              f"ready + settle {total_large / total_small:.2f}x")
 
 
 if __name__ == "__main__":
