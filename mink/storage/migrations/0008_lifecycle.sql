@@ -137,9 +137,9 @@ END $$;
 
 
 -- Retention of one topic, by the holder of its writer lease at that lease epoch (seed 001,
--- "expiry"). One transaction; partitions are locked one at a time, in order, so the
--- leader's commits wait at most for one partition's step. Returns the partitions whose log
--- start moved. A NOTIFY on 'mink_log_start' (no change-log row) tells their leaders.
+-- "expiry"). One transaction; only the partitions whose log start moves are locked (in
+-- order, until the end of the transaction: their leaders' commits wait that long). Returns
+-- those partitions. A NOTIFY on 'mink_log_start' (no change-log row) tells their leaders.
 CREATE FUNCTION mink_apply_retention(p_topic_id uuid, p_scope text, p_node integer,
                                      p_lease_epoch bigint, p_retention_ms bigint,
                                      p_retention_bytes bigint)
