@@ -44,7 +44,17 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auto_create_topics_enable: bool = True
     num_partitions: int = 1
     message_max_bytes: int = 1048588
+    # Cluster defaults of topics' retention.ms and retention.bytes (-1: unlimited), inherited
+    # by every topic that does not set its own.
     log_retention_ms: int = 7 * 24 * 3600 * 1000
+    log_retention_bytes: int = -1
+    # The storage lifecycle: how often retention runs under each writer lease (Kafka's
+    # log.retention.check.interval.ms), how long an object no index row uses any more is
+    # kept for readers that resolved it before (file.delete.delay.ms, PostgreSQL's clock),
+    # how long an idle producer's state is kept (producer.id.expiration.ms).
+    log_retention_check_interval_ms: int = 300_000
+    file_delete_delay_ms: int = 60_000
+    producer_id_expiration_ms: int = 86_400_000
     # Decompress and walk every record of a produced batch (Kafka's LogValidator) before it is
     # acknowledged. False checks the header and CRC only: for benchmarks that measure the cost,
     # never for a node serving clients (a corrupt batch would stall its consumers).

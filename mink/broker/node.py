@@ -18,6 +18,7 @@ import trio_asyncio
 
 from mink.broker.cluster.coordinator import ClusterCoordinator, NotCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
+from mink.broker.cluster.lifecycle import LifecycleLoops
 from mink.broker.cluster.sync import StreamInView, plan_open
 from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from mink.broker.config import Config
@@ -54,6 +55,7 @@ class Node:
         self.producer_ids = ProducerIdBlock(metadata)
         self.coordinator = ClusterCoordinator(self)
         self.leases = BackgroundLeases(self, config.max_partitions)
+        self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         # False while this node may not act as a leader: before it registered, and after it
         # could not renew its membership in time (self-fencing).
@@ -493,6 +495,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             nursery.start_soon(node.sync_loop)
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)
+            nursery.start_soon(node.lifecycle.run)
             await nursery.start(node.groups.run)
             if on_started is not None:
                 on_started(node)

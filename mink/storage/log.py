@@ -22,7 +22,7 @@ import trio
 
 from mink.protocol.records import iter_batches, iter_records, patch_batch
 from mink.storage.metadata import MetadataError, ProducerStateUpdate
-from mink.storage.objectstore import ObjectStoreError
+from mink.storage.objectstore import ObjectNotFound, ObjectStoreError
 from mink.storage.producer_state import (
     BatchMetadata,
     ProducerAppend,
@@ -55,6 +55,11 @@ class AppendInDoubt(LogError):
 
 class OffsetOutOfRange(LogError):
     pass
+
+
+class ObjectGone(LogError):
+    """An index row named an object the store no longer has (collected after retention
+    moved the log start): the read re-resolves through the index once."""
 
 
 class InvalidProducerEpoch(LogError):
@@ -248,6 +253,29 @@ class PartitionLog:
             self.caches.drop_tail(self)
             self._wake()
 
+    def advance_log_start(self, offset: int) -> bool:
+        """Retention or DeleteRecords moved the log start in PostgreSQL: only forward, never
+        past the high watermark this log knows. True if it moved."""
+        offset = min(offset, self.committed_end)
+        if offset <= self.log_start_offset:
+            return False
+        self.log_start_offset = offset
+        return True
+
+    async def _reresolve(self, offset: int) -> None:
+        """A cold read found no index row (or no object) for an offset at or above the log
+        start this log knew: retention, DeleteRecords or collection moved it meanwhile.
+        Read the log start again; below it the answer is OFFSET_OUT_OF_RANGE."""
+        try:
+            state = await self.caches.metadata.stream_state(self.topic_id, self.partition)
+        except MetadataError as exc:
+            raise StorageUnavailable(f"reading the log start: {exc}") from exc
+        if state is not None:
+            self.advance_log_start(state.log_start_offset)
+            if offset < state.log_start_offset:
+                raise OffsetOutOfRange(f"offset {offset} is below the log start "
+                                       f"{state.log_start_offset}")
+
     # -- reads --------------------------------------------------------------------------
 
     @property
@@ -297,8 +325,20 @@ class PartitionLog:
         out: list[memoryview] = []
         size = 0
         tail_start = self.tail[0].base_offset if self.tail else self.committed_end
-        chunks = await self.caches.read_cold(self, offset, max_bytes) if (
-            offset < tail_start) else []
+        chunks: list[Chunk] = []
+        if offset < tail_start:
+            try:
+                chunks = await self.caches.read_cold(self, offset, max_bytes)
+            except ObjectGone:
+                chunks = []
+            if not chunks or chunks[0].base_offset > offset:
+                # The index row this offset needed is gone: re-resolve once, then read the
+                # index again (a second miss is retriable, never garbage).
+                await self._reresolve(offset)
+                try:
+                    chunks = await self.caches.read_cold(self, offset, max_bytes)
+                except ObjectGone as exc:
+                    raise StorageUnavailable(str(exc)) from exc
         for chunk in [*chunks, *self.tail]:
             if chunk.last_offset < offset:
                 continue
@@ -391,6 +431,8 @@ class ReadCaches:
                 if size >= max_bytes:
                     break
             return chunks
+        except ObjectNotFound as exc:
+            raise ObjectGone(f"reading offset {offset}: {exc}") from exc
         except (MetadataError, ObjectStoreError) as exc:
             # Retriable for the client; reads of cached data go on meanwhile.
             raise StorageUnavailable(f"reading offset {offset} from the store: {exc}") from exc

@@ -1113,8 +1113,9 @@ class MetadataStore:
         return changes, current
 
     @asynccontextmanager
-    async def listen(self) -> AsyncIterator[Listener]:
-        """Wake-ups on NOTIFY 'mink_view' (on a dedicated connection, not the pool).
+    async def listen(self, channel: str = NOTIFY_CHANNEL) -> AsyncIterator[Listener]:
+        """Wake-ups on NOTIFY 'mink_view' (or another `channel`; on a dedicated connection,
+        not the pool).
 
             async with store.listen() as wakeups:
                 async for version_hint in wakeups:
@@ -1127,7 +1128,7 @@ class MetadataStore:
         now and then anyway (liveness changes with time alone)."""
         listener = Listener()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio_asyncio.aio_as_trio(self._aio_pump), listener)
+            nursery.start_soon(trio_asyncio.aio_as_trio(self._aio_pump), listener, channel)
             try:
                 with trio.fail_after(self.timeout):
                     await listener._connected_event.wait()
@@ -1138,14 +1139,14 @@ class MetadataStore:
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _aio_pump(self, listener: Listener) -> None:
+    async def _aio_pump(self, listener: Listener, channel: str = NOTIFY_CHANNEL) -> None:
         """asyncio side of listen(): connect, LISTEN, push notifications into the channel."""
         delay = 0.1
         while True:
             conn = None
             try:
                 conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
-                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                await conn.execute(f"LISTEN {channel}")
                 delay = 0.1
                 listener.connected = True
                 if listener._connected_event.is_set():

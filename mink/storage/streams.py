@@ -8,11 +8,15 @@ from collections.abc import Callable
 
 import trio
 
+from mink.storage.lifecycle.store import undecided_keys
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
 from mink.storage.producer_state import decode_entry
 from mink.storage.wal import WalWriter
 
 log = logging.getLogger(__name__)
+
+# Keys settled per transaction at start-up (Streams.settle_orphans).
+SETTLE_PAGE = 1000
 
 
 class Streams:
@@ -88,10 +92,14 @@ class Streams:
         prefix = f"wal/{self.node_id}/"
         keys = [key for key in await objects.list(prefix)
                 if int(key[len(prefix):].split("/", 1)[0]) < self.node_epoch]
-        if not keys:
-            return []
-        outcomes = await self.metadata.commit_outcome(keys, settle=True)
-        orphans = [key for key, outcome in outcomes.items() if outcome is None]
+        orphans: list[str] = []
+        # Paged, and only what PostgreSQL has no decision for is settled (one advisory lock
+        # per key, in one transaction per page): the cost follows the orphans, not history.
+        for start in range(0, len(keys), SETTLE_PAGE):
+            undecided = await undecided_keys(self.metadata, keys[start:start + SETTLE_PAGE])
+            if undecided:
+                outcomes = await self.metadata.commit_outcome(undecided, settle=True)
+                orphans += [key for key, outcome in outcomes.items() if outcome is None]
         if orphans:
             log.info("queued %d uncommitted WAL objects of earlier epochs for deletion",
                      len(orphans))

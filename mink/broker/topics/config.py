@@ -104,3 +104,59 @@ def validate_topic_config(configs: dict[str, str | None]) -> dict[str, str]:
 def topic_setting(config: dict[str, str], key: str) -> Any:
     setting = TOPIC_SETTINGS[key]
     return setting.parse(config.get(key, setting.default))
+
+
+# Topic settings whose default is a cluster setting of Mink's configuration (Kafka's
+# log.retention.ms and log.retention.bytes): topic key -> the Config field that holds it.
+BROKER_DEFAULTS: dict[str, str] = {
+    "retention.ms": "log_retention_ms",
+    "retention.bytes": "log_retention_bytes",
+}
+
+
+def broker_default(key: str, broker_config) -> str | None:
+    """The cluster default of a topic setting from the node's configuration, as text, or
+    None when Mink's configuration has no such setting (then Kafka's default applies)."""
+    field = BROKER_DEFAULTS.get(key)
+    if field is None or broker_config is None:
+        return None
+    return str(getattr(broker_config, field))
+
+
+def effective_topic_setting(config: dict[str, str], key: str, broker_config=None) -> Any:
+    """A topic's setting as it is enforced: its own value, else the cluster default, else
+    Kafka's default. Read at every use, so a changed setting applies without a restart."""
+    setting = TOPIC_SETTINGS[key]
+    value = config.get(key)
+    if value is None:
+        value = broker_default(key, broker_config)
+    return setting.parse(value if value is not None else setting.default)
+
+
+def altered_topic_config(current: dict[str, str],
+                         changes: list[tuple[str, str, str | None]]) -> dict[str, str]:
+    """IncrementalAlterConfigs on a topic's stored config: (op, key, value) with op SET,
+    DELETE (back to the default), APPEND or SUBTRACT (list settings). Validated as at
+    creation; InvalidConfig names the bad one."""
+    out = dict(current)
+    for op, key, value in changes:
+        setting = TOPIC_SETTINGS.get(key)
+        if setting is None and key not in ACCEPTED_KAFKA_SETTINGS:
+            raise InvalidConfig(f"unknown topic config {key!r}")
+        if op == "SET":
+            out[key] = value  # type: ignore[assignment]
+        elif op == "DELETE":
+            out.pop(key, None)
+        elif op in ("APPEND", "SUBTRACT"):
+            if setting is None or setting.type != "LIST":
+                raise InvalidConfig(f"{op} is only for list configs, not {key!r}")
+            items = [i for i in (out.get(key) or setting.default).split(",") if i]
+            given = [i.strip() for i in (value or "").split(",") if i.strip()]
+            if op == "APPEND":
+                items += [i for i in given if i not in items]
+            else:
+                items = [i for i in items if i not in given]
+            out[key] = ",".join(items)
+        else:
+            raise InvalidConfig(f"unknown operation {op!r}")
+    return validate_topic_config(out)

@@ -300,6 +300,14 @@ class S3ObjectStore:
         check_key(key)
         await self._call("delete", key, _delete, self.bucket, self.prefix + key)
 
+    async def delete_many(self, keys: list[str]) -> None:
+        """Delete up to 1000 keys in one DeleteObjects request (absent keys are no error)."""
+        for key in keys:
+            check_key(key)
+        for start in range(0, len(keys), 1000):
+            batch = [self.prefix + k for k in keys[start:start + 1000]]
+            await self._call("delete", batch[0], _delete_many, self.bucket, batch)
+
     async def list(self, prefix: str) -> list[str]:
         full_prefix = self.prefix + prefix
         cut = len(self.prefix)
@@ -399,6 +407,15 @@ async def _head(client: Any, bucket: str, key: str) -> int:
 
 async def _delete(client: Any, bucket: str, key: str) -> None:
     await client.delete_object(Bucket=bucket, Key=key)
+
+
+async def _delete_many(client: Any, bucket: str, keys: list[str]) -> None:
+    response = await client.delete_objects(
+        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+    errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+    if errors:
+        raise ObjectStoreUnavailable(f"DeleteObjects failed for {len(errors)} keys: "
+                                     f"{errors[0].get('Code')} {errors[0].get('Message')}")
 
 
 async def _list_page(

@@ -3,10 +3,12 @@
 from mink.protocol.apis import ADVERTISED, ApiKey
 
 from . import (
+    alter_configs,
     api_versions,
     create_partitions,
     create_topics,
     delete_groups,
+    delete_records,
     delete_topics,
     describe_cluster,
     describe_configs,
@@ -14,6 +16,7 @@ from . import (
     fetch,
     find_coordinator,
     heartbeat,
+    incremental_alter_configs,
     init_producer_id,
     join_group,
     leave_group,
@@ -40,6 +43,9 @@ HANDLERS = {
     ApiKey.DELETE_TOPICS: delete_topics.handle,
     ApiKey.CREATE_PARTITIONS: create_partitions.handle,
     ApiKey.DESCRIBE_CONFIGS: describe_configs.handle,
+    ApiKey.ALTER_CONFIGS: alter_configs.handle,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: incremental_alter_configs.handle,
+    ApiKey.DELETE_RECORDS: delete_records.handle,
     ApiKey.DESCRIBE_CLUSTER: describe_cluster.handle,
     ApiKey.FIND_COORDINATOR: find_coordinator.handle,
     ApiKey.JOIN_GROUP: join_group.handle,

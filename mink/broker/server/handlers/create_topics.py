@@ -70,7 +70,7 @@ async def handle(node, ctx, request):
             topic_id = ZERO_UUID
             if not request.validate_only:
                 topic_id = await create_topic(node, plan)
-            results[name] = _created(schema, plan, topic_id)
+            results[name] = _created(schema, plan, topic_id, node.config)
         except Refused as refused:
             results[name] = _refused(schema, name, refused)
     ctx.applied()
@@ -205,14 +205,14 @@ async def create_topic(node, plan: Plan) -> uuid.UUID:
     return created.topic_id
 
 
-def _created(schema, plan: Plan, topic_id: uuid.UUID):
+def _created(schema, plan: Plan, topic_id: uuid.UUID, broker_config=None):
     configs = ()
     if schema.__version__ >= 5:  # the resulting configs are part of the answer from v5
         config_schema = nested(schema, "CreatableTopicConfigs")
         configs = tuple(
             config_schema(name=e.name, value=e.value, read_only=e.read_only,
                           config_source=e.source, is_sensitive=False)
-            for e in topic_config_entries(plan.configs))
+            for e in topic_config_entries(plan.configs, broker_config))
     return build(nested(schema, "CreatableTopicResult"), name=plan.name, topic_id=topic_id,
                  error_code=ErrorCode.none, error_message=None,
                  num_partitions=plan.partitions, replication_factor=1, configs=configs)

@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.config import Config
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.topics.config import TOPIC_SETTINGS
+from mink.broker.topics.config import TOPIC_SETTINGS, broker_default
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error
 
@@ -40,21 +40,34 @@ class ConfigEntry:
     synonyms: tuple[tuple[str, str | None, int], ...]  # (name, value, source), strongest first
 
 
-def topic_config_entries(config: dict[str, str]) -> list[ConfigEntry]:
-    """Every topic setting, sorted by name: the topic's own value, else the default."""
+def topic_config_entries(config: dict[str, str], broker_config: Config | None = None,
+                         ) -> list[ConfigEntry]:
+    """Every topic setting, sorted by name: the topic's own value (dynamic topic config),
+    else the cluster default from the node's configuration (static broker config, where it
+    differs from Kafka's default), else the default. Synonyms strongest first, as Kafka."""
     entries = []
     for name in sorted(TOPIC_SETTINGS):
         setting = TOPIC_SETTINGS[name]
-        default = (setting.broker_synonym or name, setting.default, DEFAULT_CONFIG)
+        broker_name = setting.broker_synonym or name
+        synonyms: list[tuple[str, str | None, int]] = []
         own = config.get(name)
         if own is not None:
-            entries.append(ConfigEntry(name, str(own), DYNAMIC_TOPIC_CONFIG, False, setting.type,
-                                       setting.doc,
-                                       ((name, str(own), DYNAMIC_TOPIC_CONFIG), default)))
-        else:
-            entries.append(ConfigEntry(name, setting.default, DEFAULT_CONFIG, False,
-                                       setting.type, setting.doc, (default,)))
-    return entries
+            synonyms.append((name, str(own), DYNAMIC_TOPIC_CONFIG))
+        static = broker_default(name, broker_config)
+        if static is not None and static != setting.default:
+            synonyms.append((broker_name, static, STATIC_BROKER_CONFIG))
+        synonyms.append((broker_name, setting.default, DEFAULT_CONFIG))
+        _, value, source = synonyms[0]
+        entries.append(ConfigEntry(name, value, source, False, setting.type, setting.doc,
+                                   tuple(synonyms)))
+    # Kafka settings Mink stores without acting on them (segment.bytes, ...): reported as
+    # the topic's own, so that what was set is what is described.
+    for name in sorted(set(config) - set(TOPIC_SETTINGS)):
+        value = str(config[name])
+        entries.append(ConfigEntry(name, value, DYNAMIC_TOPIC_CONFIG, False, "STRING",
+                                   "stored for Kafka tools; Mink does not act on it",
+                                   ((name, value, DYNAMIC_TOPIC_CONFIG),)))
+    return sorted(entries, key=lambda e: e.name)
 
 
 _DEFAULTS = Config()
@@ -98,11 +111,19 @@ def broker_config_entries(node) -> list[ConfigEntry]:
         from_config("socket.request.max.bytes", "socket_request_max_bytes", "INT",
                     "the largest request accepted"),
         from_config("log.retention.ms", "log_retention_ms", "LONG", "how long data is kept"),
+        from_config("log.retention.bytes", "log_retention_bytes", "LONG",
+                    "how many bytes a partition keeps; -1: all"),
+        from_config("log.retention.check.interval.ms", "log_retention_check_interval_ms",
+                    "LONG", "how often retention runs"),
+        from_config("file.delete.delay.ms", "file_delete_delay_ms", "LONG",
+                    "how long data no index row uses is kept for readers that found it"),
+        from_config("producer.id.expiration.ms", "producer_id_expiration_ms", "INT",
+                    "how long an idle producer's state is kept"),
         fixed("delete.topic.enable", "true", "BOOLEAN", "topics can be deleted"),
         fixed("compression.type", "producer", "STRING",
               "batches are stored compressed as the producer sent them"),
     ]
-    for name in ("cleanup.policy", "retention.bytes", "message.timestamp.type"):
+    for name in ("cleanup.policy", "message.timestamp.type"):
         setting = TOPIC_SETTINGS[name]
         if setting.broker_synonym:
             entries.append(fixed(setting.broker_synonym, setting.default, setting.type,
@@ -166,7 +187,7 @@ def _describe(node, resource) -> tuple[ErrorCode, str | None, list[ConfigEntry]]
         if topic is None:
             return (ErrorCode.unknown_topic_or_partition,
                     f"Topic '{name}' does not exist.", [])
-        return ErrorCode.none, None, topic_config_entries(topic.config)
+        return ErrorCode.none, None, topic_config_entries(topic.config, node.config)
     if resource.resource_type == BROKER:
         if name and name != str(node.node_id):
             if not name.lstrip("-").isdigit():

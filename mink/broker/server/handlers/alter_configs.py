@@ -1,0 +1,28 @@
+"""AlterConfigs (API 33): replace a topic's settings whole (keys left out go back to their
+defaults, as in Kafka). The change itself is `mink/broker/topics/changes.py`."""
+
+from __future__ import annotations
+
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.topics.changes import TOPIC, change_topic_config, refuse_non_topic
+from mink.broker.topics.config import validate_topic_config
+from mink.protocol.messages import build, nested, response_schema
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    result_schema = nested(schema, "AlterConfigsResourceResponse")
+    results = []
+    for resource in request.resources:
+        if resource.resource_type != TOPIC:
+            error, message = refuse_non_topic(resource.resource_type, resource.resource_name)
+        else:
+            wanted = {c.name: c.value for c in resource.configs}
+            error, message = await change_topic_config(
+                node, resource.resource_name, lambda _current, w=wanted: validate_topic_config(w),
+                bool(request.validate_only))
+        results.append(result_schema(error_code=error, error_message=message,
+                                     resource_type=resource.resource_type,
+                                     resource_name=resource.resource_name))
+    return build(schema, throttle_time=NO_THROTTLE, responses=tuple(results))

@@ -1,0 +1,38 @@
+"""IncrementalAlterConfigs (API 44): SET, DELETE, APPEND, SUBTRACT on a topic's settings.
+The change itself is `mink/broker/topics/changes.py`."""
+
+from __future__ import annotations
+
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.topics.changes import TOPIC, change_topic_config, refuse_non_topic
+from mink.broker.topics.config import InvalidConfig, altered_topic_config
+from mink.protocol.messages import build, nested, response_schema
+
+# Kafka's AlterConfigOp.OpType.
+OPERATIONS = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    result_schema = nested(schema, "AlterConfigsResourceResponse")
+    results = []
+    for resource in request.resources:
+        if resource.resource_type != TOPIC:
+            error, message = refuse_non_topic(resource.resource_type, resource.resource_name)
+        else:
+            changes = [(OPERATIONS.get(c.config_operation), c.name, c.value)
+                       for c in resource.configs]
+
+            def compute(current, changes=changes):
+                for op, name, _ in changes:
+                    if op is None:
+                        raise InvalidConfig(f"unknown config operation for {name!r}")
+                return altered_topic_config(current, changes)
+
+            error, message = await change_topic_config(
+                node, resource.resource_name, compute, bool(request.validate_only))
+        results.append(result_schema(error_code=error, error_message=message,
+                                     resource_type=resource.resource_type,
+                                     resource_name=resource.resource_name))
+    return build(schema, throttle_time=NO_THROTTLE, responses=tuple(results))
