@@ -136,6 +136,7 @@ _SKIPPABLE_MIN, _SKIPPABLE_MAX = 0x184D2A50, 0x184D2A5F  # skippable frames (lz4
 _LZ4_MAGIC = 0x184D2204
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}  # BD bits 6-4
 _ZSTD_MAGIC = 0xFD2FB528
+_GZIP_STEP = 1 << 20
 _ZSTD_BLOCK_MAX = 128 << 10  # Block_Maximum_Size is at most 128 KiB (RFC 8878 3.1.1.2.4)
 
 
@@ -183,23 +184,26 @@ def _into_capped_buffer(module, codec: int, view: memoryview, limit: int) -> byt
 
 
 def _gzip_bounded(view: memoryview, limit: int) -> bytes:
-    """Inflate member after member (Java's GZIPInputStream reads concatenated members), never
-    asking zlib for more than one byte past what the limit leaves."""
+    """Inflate member after member (Java's GZIPInputStream reads concatenated members), at most
+    1 MiB a step and never past one byte over the limit: a bomb costs the limit, once."""
     parts = []
     total = 0
     data = view
     while True:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            part = inflater.decompress(data, limit - total + 1)
-        except zlib.error as exc:
-            raise ValueError(f"invalid gzip data: {exc}") from None
-        total += len(part)
-        if total > limit:
-            raise DecompressedTooLarge(GZIP, limit)
-        parts.append(part)
-        if not inflater.eof:
-            raise ValueError("truncated gzip member")
+        while not inflater.eof:
+            wanted = min(_GZIP_STEP, limit - total + 1)
+            try:
+                part = inflater.decompress(data, wanted)
+            except zlib.error as exc:
+                raise ValueError(f"invalid gzip data: {exc}") from None
+            total += len(part)
+            if total > limit:
+                raise DecompressedTooLarge(GZIP, limit)
+            parts.append(part)
+            data = inflater.unconsumed_tail
+            if not inflater.eof and len(part) < wanted:  # the input ran out mid-member
+                raise ValueError("truncated gzip member")
         data = inflater.unused_data
         if not data:
             return parts[0] if len(parts) == 1 else b"".join(parts)
