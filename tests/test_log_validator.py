@@ -1,9 +1,15 @@
 """Kafka's LogValidator rules (mink/protocol/log_validator.py) on plain bytes, and the
 compiled record walk giving exactly the pure-Python walk's results."""
 
+import gzip
 import os
+import subprocess
+import sys
+from pathlib import Path
 
+import lz4.frame
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +29,7 @@ from mink.protocol.records import (
     iter_records,
     parse_batch_header,
 )
+from tests.support import bombs
 from tests.support.batches import records_batch, values, wrap_section
 
 NOW = 1_700_000_000_000
@@ -290,3 +297,89 @@ def test_validator_gives_the_same_answers_on_the_pure_python_walk(monkeypatch, c
     monkeypatch.setattr(log_validator, "walk_records", record_walk.walk_records)
     assert [validate(b) for b in cases] == compiled
     assert isinstance(compiled[0], ValidBatch) and compiled[0].max_timestamp == NOW + 50
+
+
+# -- decompression bombs -------------------------------------------------------------------
+
+_BOMB_CHILD = r"""
+import resource, sys
+from mink.protocol.log_validator import ValidationSettings, validate_produce_records
+from tests.support.batches import wrap_section
+from tests.support.bombs import bomb
+
+codec, payload, expanded = bomb(sys.argv[1])
+batch = wrap_section(payload, 1, compression=codec)
+del payload
+# Address space: what the process maps now plus 256 MiB. The limit (64 MiB) fits; the
+# expanded payload (200 MiB to 1 GiB) does not: without the guard the decoder fails or dies.
+with open("/proc/self/status") as status:
+    vm_size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (vm_size + (256 << 20), resource.RLIM_INFINITY))
+rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+result = validate_produce_records(batch, 9, ValidationSettings(now_ms=0))
+rss_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+print(result.error_code, rss_growth, expanded, result.message)
+"""
+
+
+@pytest.mark.parametrize("kind", bombs.KINDS)
+def test_decompression_bomb_is_refused_without_allocating_it(kind):
+    child = subprocess.run([sys.executable, "-c", _BOMB_CHILD, kind], capture_output=True,
+                           text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert child.returncode == 0, f"the validator died on the bomb: {child.stderr[-2000:]}"
+    code, rss_growth, expanded, message = child.stdout.split(" ", 3)
+    assert int(code) == log_validator.MESSAGE_TOO_LARGE, child.stdout
+    assert "over the limit" in message
+    # At most the limit's one transient buffer, far under what the bomb expands to.
+    assert int(rss_growth) < (96 << 20) < int(expanded) // 2, child.stdout
+
+
+@pytest.mark.parametrize("codec", CODECS[1:], ids=codecs.CODEC_NAMES.get)
+def test_legit_batch_near_one_mib_compressed_passes(codec):
+    batch = bombs.legit_batch(codec, NOW)
+    assert 800 * 1024 < len(batch) < 1048588  # Kafka's default max.message.bytes
+    result = validate(batch, SETTINGS._replace(max_message_bytes=1048588))
+    assert isinstance(result, ValidBatch), result
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=codecs.CODEC_NAMES.get)
+def test_records_over_the_decompressed_limit_are_too_large(codec):
+    records = [Record(i, 0, None, b"x" * 1000) for i in range(200)]
+    batch = records_batch(records, compression=codec, base_timestamp=NOW)
+    section = len(encode_records(records))
+    assert isinstance(validate(batch, SETTINGS._replace(max_decompressed_bytes=section)),
+                      ValidBatch)
+    if codec == codecs.NONE:
+        return  # an uncompressed section is bounded by max.message.bytes alone
+    result = refused(batch, log_validator.MESSAGE_TOO_LARGE,
+                     SETTINGS._replace(max_decompressed_bytes=section - 1))
+    assert "over the limit" in result.message
+
+
+@pytest.mark.parametrize("codec", [codecs.LZ4, codecs.ZSTD], ids=codecs.CODEC_NAMES.get)
+def test_a_loose_header_bound_falls_back_to_exact_decoding(codec):
+    # 11 full blocks and a short twelfth: the header bound (12 full blocks) is over the limit,
+    # the real output is not, and must pass.
+    block = 128 << 10 if codec == codecs.ZSTD else 64 << 10
+    data = os.urandom(4096) * (11 * block // 4096) + b"tail"
+    payload = (zstandard.ZstdCompressor(write_content_size=False).compress(data)
+               if codec == codecs.ZSTD else lz4.frame.compress(data, store_size=False))
+    limit = len(data) + 1000
+    assert codecs.decompress(codec, payload, limit) == data
+    with pytest.raises(codecs.DecompressedTooLarge):
+        codecs.decompress(codec, payload, len(data) - 1)
+
+
+def test_multi_member_gzip_is_read_whole_and_bounded():
+    data = b"member one " * 1000, b"member two " * 1000
+    payload = gzip.compress(data[0]) + gzip.compress(data[1])
+    assert codecs.decompress(codecs.GZIP, payload, 22_000) == b"".join(data)
+    with pytest.raises(codecs.DecompressedTooLarge):
+        codecs.decompress(codecs.GZIP, payload, 21_999)
+    with pytest.raises(ValueError):
+        codecs.decompress(codecs.GZIP, payload[:-5], 22_000)
+
+
+def test_the_limit_follows_max_message_bytes():
+    assert log_validator.decompressed_size_limit(1048588) == 64 << 20
+    assert log_validator.decompressed_size_limit(8 << 20) == 128 << 20

@@ -9,6 +9,8 @@ consumers at its offset. The hypothesis test at the end is that fuzzer, in the s
 from __future__ import annotations
 
 import datetime
+import logging
+import resource
 import threading
 import time
 
@@ -23,6 +25,7 @@ from mink.client import KafkaClient
 from mink.protocol import compression as codecs
 from mink.protocol.messages import build, nested
 from mink.protocol.records import Record, encode_records, iter_batches
+from tests.support import bombs
 from tests.support.batches import records_batch, values, wrap_section
 from tests.support.nodes import node_config, require_tool, start_node
 from tests.support.raw import produce_request
@@ -324,3 +327,37 @@ async def _fuzz(node: str, kcat: str, topic: str, cases) -> None:
              "-f", "%o\\n"], capture_stdout=True, capture_stderr=True)
     assert listed.stdout.decode().split() == [str(i) for i in range(len(expected))]
     assert b"ERROR" not in listed.stderr.upper(), listed.stderr
+
+
+# -- decompression bombs -------------------------------------------------------------------
+
+MESSAGE_TOO_LARGE = 10
+
+
+@pytest.mark.parametrize("kind", bombs.KINDS)
+async def test_decompression_bomb_is_refused_and_the_node_serves_on(node, kind, caplog):
+    codec, payload, expanded = bombs.bomb(kind)
+    bad = wrap_section(payload, 1, compression=codec)
+    assert len(bad) < 1048588 and expanded > 3 * (64 << 20)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with caplog.at_level(logging.WARNING, logger="mink.broker.server.handlers.produce"):
+        await refuse_then_serve(node, f"bomb-{kind}", bad, {MESSAGE_TOO_LARGE})
+    # The node runs in this process: its peak memory grew by at most the 64 MiB limit's
+    # buffer, never by the expanded size (without the guard the process aborts here).
+    growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    assert growth < 96 << 20 < expanded // 2
+    lines = [r for r in caplog.records if "refused as too large" in r.getMessage()]
+    assert len(lines) == 1, lines
+
+
+@pytest.mark.parametrize("codec", CODECS[1:], ids=codecs.CODEC_NAMES.get)
+async def test_legit_batch_near_one_mib_compressed_is_accepted(node, codec):
+    batch = bombs.legit_batch(codec, int(time.time() * 1000))
+    client = await KafkaClient.connect(node)
+    try:
+        result = await produce(client, f"legit-{codecs.CODEC_NAMES[codec]}", batch)
+        assert int(result.error_code) == 0, result
+        [stored] = await fetch_batches(client, f"legit-{codecs.CODEC_NAMES[codec]}")
+        assert len(kafka_python_read(stored)) == DefaultRecordBatch(batch).next_offset
+    finally:
+        await client.aclose()

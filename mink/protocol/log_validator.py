@@ -12,7 +12,11 @@ Kafka error code, KIP-467 record errors, a message). In Kafka's order:
    Transactional batches are refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka
    answers a transactional batch without a (known) transactional id: Mink has none yet.
 2. Decompression of every codec (CORRUPT_MESSAGE when the payload does not decompress; Kafka
-   answers a KafkaException there, which reaches the client as UNKNOWN_SERVER_ERROR).
+   answers a KafkaException there, which reaches the client as UNKNOWN_SERVER_ERROR), bounded
+   by `max_decompressed_bytes` (MESSAGE_TOO_LARGE past it, found from the codec's headers or
+   while decoding, never by allocating the whole output: a decompression bomb must not take
+   the node's memory). Kafka streams records out of the decompressor and has no such limit;
+   Mink decompresses the section whole, so it needs one.
 3. The record walk (`record_walk.walk_records`, compiled when built): framing and lengths of
    every record, `count` records filling the section exactly (INVALID_RECORD, no record
    errors, as Kafka's InvalidRecordException from the iterator); then per record: offset
@@ -51,7 +55,7 @@ walk_records = _compiled_walk_records or _pure_walk.walk_records
 COMPILED = _compiled_walk_records is not None
 
 __all__ = ["ValidationSettings", "ValidBatch", "RecordError", "Refusal",
-           "validate_produce_records", "walk_records", "COMPILED"]
+           "validate_produce_records", "decompressed_size_limit", "walk_records", "COMPILED"]
 
 # Kafka error codes answered here
 CORRUPT_MESSAGE = 2
@@ -59,6 +63,20 @@ MESSAGE_TOO_LARGE = 10
 INVALID_TIMESTAMP = 32
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 INVALID_RECORD = 87
+
+# The most a produced batch may decompress to: 64 MiB, or 16 times the topic's
+# max.message.bytes when that is larger. A 1 MiB batch (Kafka's default max.message.bytes) of
+# real text, JSON or logs compresses 3-20x, so 64x leaves room for the most repetitive data
+# while keeping a bomb's cost to one transient 64 MiB buffer; a topic that accepts larger
+# batches accepts proportionally larger sections.
+DECOMPRESSED_FLOOR_BYTES = 64 << 20
+DECOMPRESSED_PER_MESSAGE_BYTES = 16
+
+
+def decompressed_size_limit(max_message_bytes: int) -> int:
+    """The decompressed-size limit for a topic with this max.message.bytes."""
+    return max(DECOMPRESSED_FLOOR_BYTES, DECOMPRESSED_PER_MESSAGE_BYTES * max_message_bytes)
+
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -76,6 +94,7 @@ class ValidationSettings(NamedTuple):
     timestamp_before_max_ms: int = _INT64_MAX  # message.timestamp.before.max.ms
     timestamp_after_max_ms: int = _INT64_MAX  # message.timestamp.after.max.ms
     max_message_bytes: int = _INT64_MAX  # max.message.bytes: checked before decompressing
+    max_decompressed_bytes: int = DECOMPRESSED_FLOOR_BYTES  # see decompressed_size_limit
     compacted: bool = False  # cleanup.policy contains compact: every record needs a key
     validate_records: bool = True  # False: header checks only (benchmarks compare the cost)
 
@@ -126,7 +145,7 @@ def validate_produce_records(records, api_version: int,
         section = batch[RECORD_BATCH_OVERHEAD:]
     else:
         try:
-            section = decompressed_records(batch)
+            section = decompressed_records(batch, settings.max_decompressed_bytes)
         except BatchError as exc:
             return Refusal(exc.error_code, str(exc))
 

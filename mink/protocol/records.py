@@ -107,6 +107,13 @@ class InvalidRecord(BatchError):
     error_code = 87
 
 
+class RecordsTooLarge(BatchError):
+    """MESSAGE_TOO_LARGE: the records decompress to more than the broker accepts (a
+    decompression bomb, or a batch far more compressible than any real one)."""
+
+    error_code = 10
+
+
 class UnsupportedCompressionType(BatchError):
     """UNSUPPORTED_COMPRESSION_TYPE: zstd in a Produce request older than v7."""
 
@@ -469,9 +476,10 @@ def _decode_records(data: bytes, count: int) -> Iterator[Record]:
         raise InvalidRecord("incorrect declared batch size, records still remaining")
 
 
-def decompressed_records(batch: Buffer) -> bytes:
+def decompressed_records(batch: Buffer, max_size: int | None = None) -> bytes:
     """The records section of a batch, decompressed. CorruptMessage if the
-    codec is unknown or the payload does not decompress."""
+    codec is unknown or the payload does not decompress; with `max_size`,
+    RecordsTooLarge if it would decompress to more (found without allocating it)."""
     view = memoryview(batch)
     header = parse_batch_header(view)
     if header.size > len(view) or header.size < RECORD_BATCH_OVERHEAD:
@@ -481,9 +489,11 @@ def decompressed_records(batch: Buffer) -> bytes:
     if codec == codecs.NONE:
         return bytes(body)
     try:
-        return codecs.decompress(codec, body)
+        return codecs.decompress(codec, body, max_size)
     except UnknownCodec as e:
         raise InvalidRecord(str(e)) from None
+    except codecs.DecompressedTooLarge as e:
+        raise RecordsTooLarge(str(e)) from None
     except Exception as e:  # cramjam.DecompressionError, ValueError from xerial framing
         raise CorruptMessage(f"cannot decompress {codecs.CODEC_NAMES[codec]} records: {e}") from None
 

@@ -4,6 +4,7 @@ answer once it is in the object store and committed (acks=1 and acks=all alike).
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 
 import trio
@@ -13,11 +14,18 @@ from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.config import topic_setting
 from mink.protocol.messages import build, nested, response_schema
-from mink.protocol.log_validator import Refusal, ValidationSettings, validate_produce_records
+from mink.protocol.log_validator import (
+    Refusal,
+    ValidationSettings,
+    decompressed_size_limit,
+    validate_produce_records,
+)
 from mink.protocol.records import CREATE_TIME, LOG_APPEND_TIME
 from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage.log import DuplicateBatch, LogError
 from mink.storage.producer_state import ProducerAppend
+
+log = logging.getLogger(__name__)
 
 
 class _PartitionResult:
@@ -71,6 +79,7 @@ async def handle(node, ctx, request):
     results = {t.name: [_append(node, t.name, p, version) for p in t.partition_data]
                for t in request.topic_data}
     ctx.applied()
+    _log_too_large(ctx, results)
 
     if request.acks == 0:
         if any(r.error for rs in results.values() for r in rs):
@@ -89,6 +98,17 @@ async def handle(node, ctx, request):
                     result.error = error_for(exc)
                     result.message = str(exc)
     return _response(node, version, results)
+
+
+def _log_too_large(ctx, results: dict[str, list[_PartitionResult]]) -> None:
+    """One line per request that had batches refused as too large (oversized, or a
+    decompression bomb): the operator sees which client, the client gets MESSAGE_TOO_LARGE."""
+    refused = [(name, r) for name, rs in results.items() for r in rs
+               if r.error == ErrorCode.message_too_large]
+    if refused:
+        name, first = refused[0]
+        log.warning("produce from client %r: %d batch(es) refused as too large, first %s-%d: %s",
+                    ctx.header.client_id, len(refused), name, first.index, first.message)
 
 
 def _refused(index: int, error: ErrorCode, message: str | None = None) -> _PartitionResult:
@@ -142,12 +162,14 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
 def _settings(node, config: dict) -> ValidationSettings:
     """What the LogValidator needs from the topic's settings and the broker's clock."""
     append_time = topic_setting(config, "message.timestamp.type") == "LogAppendTime"
+    max_message_bytes = topic_setting(config, "max.message.bytes")
     return ValidationSettings(
         now_ms=int(time.time() * 1000),
         timestamp_type=LOG_APPEND_TIME if append_time else CREATE_TIME,
         timestamp_before_max_ms=topic_setting(config, "message.timestamp.before.max.ms"),
         timestamp_after_max_ms=topic_setting(config, "message.timestamp.after.max.ms"),
-        max_message_bytes=topic_setting(config, "max.message.bytes"),
+        max_message_bytes=max_message_bytes,
+        max_decompressed_bytes=decompressed_size_limit(max_message_bytes),
         compacted=False,  # cleanup.policy=compact is refused when topics are made (topic_config)
         validate_records=node.config.produce_validate_records)
 
