@@ -32,7 +32,7 @@ import trio  # noqa: E402
 import trio_asyncio  # noqa: E402 - before psycopg's first asyncio use in this process
 
 from mink.storage.embedded_postgres import EmbeddedPostgres, free_port  # noqa: E402
-from mink.storage.metadata import MetadataStore  # noqa: E402
+from mink.storage.controlplane.postgres import MetadataStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 def make_history(db_url: str, root: Path, n: int) -> None:
     import psycopg
 
-    from mink.storage.migrate import migrate_sync
+    from mink.storage.controlplane.migrate import migrate_sync
     from mink.storage.wal import wal_key
 
     migrate_sync(db_url)

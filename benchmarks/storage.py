@@ -53,7 +53,7 @@ warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 from mink.protocol.records import Record, build_batch
 from mink.storage.embedded_postgres import EmbeddedPostgres
 from mink.storage.log import LogError
-from mink.storage.metadata import MetadataStore
+from mink.storage.controlplane import MetadataStore
 from mink.storage.objectstore import LatencyObjectStore, open_object_store
 from mink.storage.objectstore.base import as_buffers
 from mink.storage.streams import Streams

@@ -160,7 +160,7 @@ def test_restarted_node_has_a_new_epoch_and_its_old_epoch_is_fenced(cluster):
     # A WAL commit tagged with the old epoch is refused whole.
     result = subprocess.run([sys.executable, "-c", f"""
 import trio, trio_asyncio, uuid
-from mink.storage.metadata import MetadataStore, WalObject, WalRange
+from mink.storage.controlplane import MetadataStore, WalObject, WalRange
 async def main():
     async with trio_asyncio.open_loop():
         store = await MetadataStore.open({cluster.pg_url!r}, migrate=False)
@@ -190,7 +190,7 @@ def test_coordinator_failover_and_stale_coordinator_refused(cluster):
     # A LeadBucket carrying the old coordinator epoch is refused.
     result = subprocess.run([sys.executable, "-c", f"""
 import trio, trio_asyncio
-from mink.storage.metadata import MetadataStore, StaleEpoch
+from mink.storage.controlplane import MetadataStore, StaleEpoch
 async def main():
     async with trio_asyncio.open_loop():
         store = await MetadataStore.open({cluster.pg_url!r}, migrate=False)

@@ -10,7 +10,7 @@ import pytest
 
 from mink.broker.cluster.coordinator import plan_orphan_moves, plan_rebalance
 from mink.broker.cluster.sync import HELD_BY, OpenPlan, StreamInView, plan_open
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 
 ME, MY_EPOCH = 1, 7
 GRACE = 2.0
@@ -58,7 +58,7 @@ def test_opening_a_bucket(case, state, live, held_for, plan):
 
 
 def make_view(leaders: list[int | None], live: list[int]) -> md.View:
-    partitions = [md.PartitionInfo(i, leader, 3, "open", leader, 1, 3)
+    partitions = [md.PartitionRecord(i, leader, 3, "open", leader, 1, 3)
                   for i, leader in enumerate(leaders)]
     return md.View(version=1, cluster_id="c", coordinator=live[0],
                    nodes=[md.NodeInfo(n, 1, "h", 9000 + n, None, None) for n in live],
@@ -94,7 +94,7 @@ def test_assignment(event, leaders, live, planner, expected):
     if not live:
         view = md.View(version=1, cluster_id="c", coordinator=None, nodes=[],
                        topics=[md.TopicView(uuid.uuid4(), "t", {}, [
-                           md.PartitionInfo(i, leader, 3, "open", leader, 1, 3)
+                           md.PartitionRecord(i, leader, 3, "open", leader, 1, 3)
                            for i, leader in enumerate(leaders)])])
     else:
         view = make_view(leaders, live)

@@ -10,7 +10,13 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mink.storage.groups import Fence, GroupStore, StoredGroup, StoredMember, StoredOffset
+from mink.storage.controlplane.groups import (
+    Fence,
+    GroupStore,
+    StoredGroup,
+    StoredMember,
+    StoredOffset,
+)
 from tests.support.metadata import ToolMetadataStore
 from mink.storage.pgtext import CorruptText, from_pg, to_pg
 from tests.support.nodes import node_config, start_node

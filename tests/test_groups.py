@@ -23,16 +23,16 @@ from mink.client import BlockingKafkaClient
 from mink.protocol.apis import ADVERTISED, ApiKey
 from mink.protocol.messages import build, nested
 from mink.storage.embedded_postgres import free_port
-from mink.storage.groups import (
+from mink.storage.controlplane.groups import (
     Fence,
     GroupStore,
-    NotCoordinator,
+    NotGroupCoordinator,
     StoredGroup,
     StoredMember,
     StoredOffset,
 )
 from tests.support.metadata import ToolMetadataStore
-from mink.storage.metadata import MetadataStore
+from mink.storage.controlplane import MetadataStore
 from tests.support.nodes import node_config, require_tool, start_node
 from tests.test_interop import confluent_produce
 
@@ -988,11 +988,11 @@ async def test_group_writes_are_fenced_by_the_partition_leader_epoch(pg_url, aio
                       groups.store_group(fence, StoredGroup("g")),
                       groups.delete_offsets(fence, "g", [("t", 0)]),
                       groups.delete_groups(fence, ["g"])):
-            with pytest.raises(NotCoordinator):
+            with pytest.raises(NotGroupCoordinator):
                 await write
         # a stale node epoch is refused too
         await store.register_node(1, "127.0.0.1", 9092, ttl_s=30)
-        with pytest.raises(NotCoordinator):
+        with pytest.raises(NotGroupCoordinator):
             await groups.commit_offsets(Fence(topic.topic_id, 0, new_epoch, 1, node_epoch),
                                         "g", [StoredOffset("t", 0, 9)])
         [unchanged] = await groups.load(0)

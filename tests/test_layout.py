@@ -24,7 +24,7 @@ def _design_module_paths() -> list[str]:
     paths = []
     for line in DESIGN.read_text().splitlines():
         if line.startswith("|"):
-            paths += re.findall(r"`(mink/[\w/.]+)`", line)
+            paths += re.findall(r"`((?:mink|chaos)/[\w/.]+)`", line)
     return paths
 
 

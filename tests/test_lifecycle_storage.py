@@ -10,7 +10,7 @@ import trio
 
 from mink.storage.lifecycle import store as lifecycle
 from mink.storage.log import OffsetOutOfRange, PartitionLog
-from mink.storage.metadata import StaleEpoch
+from mink.storage.controlplane import StaleEpoch
 from mink.storage.objectstore import open_object_store
 from mink.storage.objectstore.testing import FaultyObjectStore
 from mink.storage.streams import Streams

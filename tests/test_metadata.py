@@ -10,17 +10,18 @@ import psycopg
 import pytest
 import trio
 
-from mink.storage import metadata as md
-from mink.storage import migrate as migrate_mod
+from mink.storage import controlplane as md
+from mink.storage.controlplane import migrate as migrate_mod
+from mink.storage.controlplane.postgres import READ
 from tests.support.metadata import ToolMetadataStore
-from mink.storage.metadata import (
+from mink.storage.controlplane import (
     CommitOutcome,
     InvalidPartitions,
+    LeaderMoved,
     MetadataStore,
     MetadataUnavailable,
     NodeAlive,
     OutcomeUnknown,
-    NotLeader,
     ProducerStateUpdate,
     RangeOutcome,
     StaleEpoch,
@@ -285,11 +286,11 @@ async def test_open_and_close_stream_fencing(store):
     e1 = await store.register_node(1, "h1", 1, ttl_s=30)
     e2 = await store.register_node(2, "h2", 2, ttl_s=30)
     t = await topic_led_by(store, 1, e1, open_streams=False)
-    with pytest.raises(NotLeader) as refused:
+    with pytest.raises(LeaderMoved) as refused:
         await store.open_stream(t.topic_id, 0, 1, 2, e2)
     assert (refused.value.reason, refused.value.leader_node, refused.value.leader_epoch) == (
         "not_leader", 1, 1)
-    with pytest.raises(NotLeader) as refused:
+    with pytest.raises(LeaderMoved) as refused:
         await store.open_stream(t.topic_id, 0, 0, 1, e1)
     assert refused.value.reason == "stale_leader_epoch"
     with pytest.raises(StaleEpoch):
@@ -636,7 +637,7 @@ async def test_delete_topic_and_garbage(store):
     # Its objects that lost their last index row wait in the lifecycle's queue for
     # file.delete.delay.ms (0008_lifecycle.sql); the committed-object scan finds nothing.
     assert await store.unreferenced_objects() == []
-    queued = await store._all(md.READ, "SELECT key FROM unreferenced_objects")
+    queued = await store._all(READ, "SELECT key FROM unreferenced_objects")
     assert queued == [(only_a.key,)]                                # shared: b still uses it
     assert await store.queue_for_deletion([shared.key, only_a.key], "unreferenced") == [only_a.key]
     assert await store.unreferenced_objects() == []

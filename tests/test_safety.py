@@ -12,7 +12,7 @@ import trio
 
 from mink.client import KafkaClient
 from mink.broker.cluster.coordinator import ClusterCoordinator
-from mink.storage.metadata import MetadataStore, StaleEpoch
+from mink.storage.controlplane import MetadataStore, StaleEpoch
 from mink.testing.proxy import TcpProxy
 from tests.support.postgres import via_proxy
 
@@ -45,7 +45,7 @@ async def test_a_coordinator_action_without_an_epoch_is_refused(direct_store):
 
 
 async def test_restart_path_re_leads_its_own_partition_fenced_by_its_node_epoch(direct_store):
-    from mink.storage.metadata import NotLeader
+    from mink.storage.controlplane.postgres import NotLeader
 
     store = direct_store
     e1 = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)

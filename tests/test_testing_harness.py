@@ -195,7 +195,7 @@ def test_plugin_imports_nothing_heavy(tmp_path):
     result = run_pytest(tmp_path, """
         import sys
         def test_nothing_loaded():
-            heavy = [m for m in ("mink.broker.node", "mink.storage.metadata", "psycopg",
+            heavy = [m for m in ("mink.broker.node", "mink.storage.controlplane", "psycopg",
                                  "trio_asyncio", "mink.testing.cluster") if m in sys.modules]
             assert heavy == []
     """)

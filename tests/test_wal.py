@@ -10,7 +10,7 @@ import trio.testing
 from mink.protocol.records import Record, build_batch, iter_batches, iter_records
 from mink.storage.log import AppendInDoubt, NotLeader, StorageUnavailable
 from tests.support.metadata import ToolMetadataStore
-from mink.storage.metadata import MetadataStore, OutcomeUnknown
+from mink.storage.controlplane import MetadataStore, OutcomeUnknown
 from mink.storage.objectstore import ObjectStoreUnavailable, open_object_store
 from mink.storage.objectstore.testing import FaultyObjectStore
 from mink.storage.streams import Streams

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import trio
 import trio_asyncio
 
-from mink.broker.cluster.coordinator import ClusterCoordinator, NotCoordinator
+from mink.broker.cluster.coordinator import ClusterCoordinator, NotClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
 from mink.broker.cluster.lifecycle import LifecycleLoops
 from mink.broker.cluster.sync import StreamInView, plan_open
@@ -28,9 +28,9 @@ from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.config import validate_topic_config
 from mink.broker.transactions.producer_ids import ProducerIdBlock
 from mink.protocol.topics import topic_name_error
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 from mink.storage.log import PartitionLog
-from mink.storage.metadata import MetadataStore, MetadataUnavailable, StaleEpoch
+from mink.storage.controlplane import MetadataStore, MetadataUnavailable, StaleEpoch
 from mink.storage.objectstore import open_object_store
 from mink.storage.streams import Streams
 
@@ -177,7 +177,7 @@ class Node:
             return await streams.open(topic.topic_id, p.index, leader_epoch)
         except md.NodeAlive:
             return None
-        except (md.NotLeader, StaleEpoch, md.UnknownTopic) as exc:
+        except (md.LeaderMoved, StaleEpoch, md.UnknownTopic) as exc:
             log.info("not opening %s-%d: %s", topic.name, p.index, exc)
             return None
 
@@ -215,11 +215,11 @@ class Node:
 
     # Topic and partition creation and deletion are coordinator actions (seed 000): done by the
     # coordinator lease holder under its lease epoch. Handlers forward them to the holder;
-    # these methods refuse with NotCoordinator on any other node.
+    # these methods refuse with NotClusterCoordinator on any other node.
 
     def _coordinator_epoch(self) -> int:
         if not self.coordinator.is_holder:
-            raise NotCoordinator(f"node {self.node_id} is not the cluster coordinator")
+            raise NotClusterCoordinator(f"node {self.node_id} is not the cluster coordinator")
         return self.coordinator.lease_epoch
 
     async def _coordinator_action(self, action):
@@ -228,7 +228,7 @@ class Node:
         except StaleEpoch as exc:
             if exc.reason == "stale_coordinator_epoch":
                 self.coordinator.drop()
-                raise NotCoordinator("the coordinator lease moved") from None
+                raise NotClusterCoordinator("the coordinator lease moved") from None
             raise
         try:
             await self.refresh_view()
@@ -271,7 +271,7 @@ class Node:
                          self.config.num_partitions)
             except md.TopicExists:
                 await self._try_refresh()
-            except (NotCoordinator, MetadataUnavailable) as exc:
+            except (NotClusterCoordinator, MetadataUnavailable) as exc:
                 log.warning("could not auto-create topic %s: %s", name, exc)
 
     async def _try_refresh(self) -> None:

@@ -13,7 +13,7 @@ import trio
 import trio_asyncio
 
 from mink.broker.config import load_config
-from mink.storage.metadata import MetadataStore, MetadataUnavailable
+from mink.storage.controlplane import MetadataStore, MetadataUnavailable
 
 
 def add_parser(commands) -> None:

@@ -30,7 +30,7 @@ def setup_logging(config: Config) -> None:
 
 async def run_until_signal(config: Config) -> int:
     from mink.broker.node import run_node
-    from mink.storage.metadata import NodeIdInUse
+    from mink.storage.controlplane import NodeIdInUse
 
     refused: list[NodeIdInUse] = []
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

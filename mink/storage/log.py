@@ -21,7 +21,7 @@ from typing import Protocol
 import trio
 
 from mink.protocol.records import iter_batches, iter_records, patch_batch
-from mink.storage.metadata import MetadataError, ProducerStateUpdate
+from mink.storage.controlplane import MetadataError, ProducerStateUpdate
 from mink.storage.objectstore import ObjectNotFound, ObjectStoreError
 from mink.storage.producer_state import (
     BatchMetadata,

@@ -29,7 +29,7 @@ from mink.storage.log import (
     PendingAppend,
     StorageUnavailable,
 )
-from mink.storage.metadata import (
+from mink.storage.controlplane import (
     MetadataError,
     MetadataRejected,
     MetadataUnavailable,

@@ -9,13 +9,13 @@ the pytest plugin at start-up.
 from __future__ import annotations
 
 from mink.broker.config import Config
-from mink.broker.cluster.coordinator import NotCoordinator
+from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.node import Node, run_node
 from mink.broker.cluster.view import TopicInfo
 from mink.protocol.records import iter_batches, iter_records
 from mink.storage.embedded_postgres import EmbeddedPostgres, free_port
-from mink.storage.metadata import MetadataError, MetadataUnavailable, StaleEpoch, TopicExists
-from mink.storage.migrate import migrate_sync
+from mink.storage.controlplane import MetadataError, MetadataUnavailable, StaleEpoch, TopicExists
+from mink.storage.controlplane.migrate import migrate_sync
 from mink.storage.objectstore import (
     FaultyObjectStore,
     ObjectStore,
@@ -25,7 +25,7 @@ from mink.storage.objectstore import (
 
 __all__ = [
     "Config", "EmbeddedPostgres", "FaultyObjectStore", "MetadataError", "MetadataUnavailable",
-    "Node", "NotCoordinator", "ObjectStore", "ObjectStoreUnavailable", "StaleEpoch",
+    "Node", "NotClusterCoordinator", "ObjectStore", "ObjectStoreUnavailable", "StaleEpoch",
     "TopicExists", "TopicInfo", "free_port", "iter_batches", "iter_records", "migrate_sync",
     "open_object_store", "run_node",
 ]

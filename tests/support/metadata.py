@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import trio
 
-from mink.storage.metadata import WRITE, MetadataStore
+from mink.storage.controlplane import MetadataStore
+from mink.storage.controlplane.postgres import WRITE
 
 _TAKE = """
 INSERT INTO leases AS l (scope, holder, holder_epoch, epoch, acquired_at, expires_at)

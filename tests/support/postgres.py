@@ -27,7 +27,7 @@ def pg_server() -> Iterator[EmbeddedPostgres]:
     server = EmbeddedPostgres(root / "data", durable=False)
     server.start()
     try:
-        from mink.storage.migrate import migrate_sync
+        from mink.storage.controlplane.migrate import migrate_sync
 
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")

@@ -15,8 +15,8 @@ from collections import Counter
 
 import trio
 
-from mink.storage import metadata as md
-from mink.storage.metadata import MetadataUnavailable, StaleEpoch
+from mink.storage import controlplane as md
+from mink.storage.controlplane import MetadataUnavailable, StaleEpoch
 from mink.storage.objectstore import ObjectStoreError
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 COORDINATOR_LEASE = "coordinator"
 
 
-class NotCoordinator(Exception):
+class NotClusterCoordinator(Exception):
     """A coordinator action reached a node that does not hold the coordinator lease."""
 
 Move = tuple[uuid.UUID, int, int, int]  # topic id, partition, new leader, expected epoch

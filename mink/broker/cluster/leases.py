@@ -23,8 +23,8 @@ import uuid
 
 import trio
 
-from mink.storage import metadata as md
-from mink.storage.metadata import MetadataUnavailable, StaleEpoch
+from mink.storage import controlplane as md
+from mink.storage.controlplane import MetadataUnavailable, StaleEpoch
 
 log = logging.getLogger(__name__)
 

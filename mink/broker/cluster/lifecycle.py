@@ -22,7 +22,7 @@ import trio
 
 from mink.broker.cluster.leases import topic_of
 from mink.broker.topics.config import InvalidConfig, effective_topic_setting
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 from mink.storage.lifecycle import store as lifecycle
 from mink.storage.objectstore import ObjectStoreError
 

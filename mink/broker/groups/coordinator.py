@@ -2,7 +2,7 @@
 
 A group maps to one partition of the internal topic `__consumer_offsets` (Kafka's hash:
 `abs(groupId.hashCode()) % partitions`); the node leading that partition coordinates it.
-Group state and offsets live in PostgreSQL (`mink.storage.groups`), every write fenced by the
+Group state and offsets live in PostgreSQL (`mink.storage.controlplane.groups`), every write fenced by the
 partition's leader epoch. The partitions this node leads come from the node's open partition
 logs: when one opens (at a leader epoch) its groups are loaded (COORDINATOR_LOAD_IN_PROGRESS
 meanwhile); when it closes or its leader epoch changes, its groups are dropped (NOT_COORDINATOR).
@@ -31,7 +31,7 @@ from typing import Any
 import trio
 from kio.schema.errors import ErrorCode
 
-from mink.broker.cluster.coordinator import NotCoordinator as NotClusterCoordinator
+from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.groups.state import (
     UNKNOWN_MEMBER_ID,
     Group,
@@ -45,11 +45,11 @@ from mink.broker.groups.state import (
     join_error,
 )
 from mink.protocol.topics import OFFSETS_TOPIC
-from mink.storage import metadata as md
-from mink.storage.groups import (
+from mink.storage import controlplane as md
+from mink.storage.controlplane.groups import (
     Fence,
     GroupStore,
-    NotCoordinator,
+    NotGroupCoordinator,
     StoredGroup,
     StoredMember,
     StoredOffset,
@@ -375,7 +375,7 @@ class GroupCoordinator:
                 try:
                     await op(fence)
                     error = ErrorCode.none
-                except NotCoordinator as exc:
+                except NotGroupCoordinator as exc:
                     log.warning("group %s: %s", group.group_id, exc)
                     error = ErrorCode.not_coordinator
                     self._refused[fence.partition] = (fence.topic_id, fence.leader_epoch)

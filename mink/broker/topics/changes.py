@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.topics.config import InvalidConfig
 from mink.protocol.topics import topic_name_error
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 from mink.storage.lifecycle.store import ConfigChanged, alter_topic_config, topic_config
 
 log = logging.getLogger(__name__)

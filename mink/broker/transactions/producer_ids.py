@@ -12,7 +12,7 @@ import logging
 
 import trio
 
-from mink.storage.metadata import MetadataError
+from mink.storage.controlplane import MetadataError
 
 log = logging.getLogger(__name__)
 

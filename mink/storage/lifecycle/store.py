@@ -1,6 +1,6 @@
 """The lifecycle's operations on the metadata store: retention, DeleteRecords, topic config
 changes, collection and metadata pruning. Each is one SQL function of
-`migrations/0008_lifecycle.sql` (one statement, one transaction, fenced by the epoch it
+`mink/storage/controlplane/sql/0008_lifecycle.sql` (one statement, one transaction, fenced by the epoch it
 carries), run through the metadata store's pool with its error mapping and retries.
 """
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
-from mink.storage import metadata as md
-from mink.storage.metadata import IDEMPOTENT, READ, WRITE, MetadataStore, StaleEpoch
+from mink.storage import controlplane as md
+from mink.storage.controlplane import MetadataStore, StaleEpoch
+from mink.storage.controlplane.postgres import IDEMPOTENT, READ, WRITE
 
 LOG_START_CHANNEL = "mink_log_start"
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.cluster.coordinator import NotCoordinator
+from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.create_topics import (
@@ -18,7 +18,7 @@ from mink.broker.server.handlers.create_topics import (
 )
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import INTERNAL_TOPICS
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ async def create_partitions(node, name: str, total: int, leaders: list[int]) -> 
                       "the partitions of internal topics cannot be changed")
     try:
         await node.create_partitions(name, total, leaders)
-    except NotCoordinator as exc:
+    except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.UnknownTopic:
         raise Refused(ErrorCode.unknown_topic_or_partition,

@@ -18,11 +18,11 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.describe_configs import topic_config_entries
 from mink.broker.topics.config import TOPIC_SETTINGS, InvalidConfig, validate_topic_config
-from mink.broker.cluster.coordinator import NotCoordinator
+from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ async def create_topic(node, plan: Plan) -> uuid.UUID:
     try:
         created = await node.create_topic(plan.name, plan.partitions, plan.configs,
                                           plan.leaders)
-    except NotCoordinator as exc:
+    except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.TopicExists:
         raise Refused(ErrorCode.topic_already_exists,

@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import locate
 from mink.protocol.messages import build, nested, response_schema
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 from mink.storage.lifecycle.store import DeleteRecordsRefused, delete_records
 
 log = logging.getLogger(__name__)

@@ -10,13 +10,13 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.cluster.coordinator import NotCoordinator
+from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.create_topics import Refused
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import INTERNAL_TOPICS
-from mink.storage import metadata as md
+from mink.storage import controlplane as md
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ async def delete_topic(node, name: str | None, topic_id: uuid.UUID | None):
             deleted_id = await node.delete_topic(topic_id=topic_id)
         else:
             deleted_id = await node.delete_topic(name)
-    except NotCoordinator as exc:
+    except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.UnknownTopic:
         if topic_id is not None:

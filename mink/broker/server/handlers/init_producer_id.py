@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.transactions.producer_ids import WAIT_FOR_BLOCK_S, ProducerIdsUnavailable
 from mink.protocol.messages import build, response_schema
-from mink.storage.metadata import MetadataError
+from mink.storage.controlplane import MetadataError
 
 MAX_EPOCH = 32767
 

@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate
 from mink.protocol.messages import build, nested, response_schema
-from mink.storage.metadata import MetadataUnavailable
+from mink.storage.controlplane import MetadataUnavailable
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
-from mink.storage.groups import StoredOffset
+from mink.storage.controlplane.groups import StoredOffset
 
 
 async def handle(node, ctx, request):

@@ -9,7 +9,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate
 from mink.protocol.messages import build, nested, response_schema
-from mink.storage.metadata import MetadataUnavailable, UnknownTopic
+from mink.storage.controlplane import MetadataUnavailable, UnknownTopic
 
 
 async def handle(node, ctx, request):

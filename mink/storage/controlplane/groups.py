@@ -2,15 +2,15 @@
 epoch of the group's partition of `__consumer_offsets`.
 
 Every write carries a `Fence` (that partition, its leader epoch, the writing node and its
-node epoch) and is refused with `NotCoordinator` unless the node is that partition's leader at
-that leader epoch (checked in the same statement; see `migrations/0003_groups.sql`). Each
+node epoch) and is refused with `NotGroupCoordinator` unless the node is that partition's leader at
+that leader epoch (checked in the same statement; see `sql/0003_groups.sql`). Each
 operation is one statement, one round trip, run through the MetadataStore's pool.
 
 Client strings are stored exactly, whatever characters they hold: the text columns through
 `pgtext` (PostgreSQL text cannot hold NUL), the members as `json` (which, unlike jsonb, keeps
 \u0000), byte fields base64 inside it (see `migrations/0007_exact_fields.sql`).
 
-Errors besides NotCoordinator are the MetadataStore's: MetadataUnavailable (nothing written)
+Errors besides NotGroupCoordinator are the MetadataStore's: MetadataUnavailable (nothing written)
 and OutcomeUnknown (a write may or may not have happened; every write here may be repeated).
 """
 
@@ -20,14 +20,15 @@ import uuid
 
 import msgspec
 
-from mink.storage.metadata import IDEMPOTENT, READ, MetadataError, MetadataStore
+from mink.storage.controlplane.api import MetadataError
+from mink.storage.controlplane.postgres import IDEMPOTENT, READ, MetadataStore
 from mink.storage.pgtext import from_pg, to_pg
 
 __all__ = ["Fence", "StoredMember", "StoredOffset", "StoredGroup", "GroupStore",
-           "NotCoordinator"]
+           "NotGroupCoordinator"]
 
 
-class NotCoordinator(MetadataError):
+class NotGroupCoordinator(MetadataError):
     """Refused: the writer does not lead the group's partition at the leader epoch it gave."""
 
 
@@ -144,7 +145,7 @@ class GroupStore:
     async def _fenced(self, sql: str, params: tuple) -> None:
         row = await self.metadata._one(IDEMPOTENT, sql, params)
         if row is None or not row[0]:
-            raise NotCoordinator(f"not the leader of __consumer_offsets-{params[1]} at leader "
+            raise NotGroupCoordinator(f"not the leader of __consumer_offsets-{params[1]} at leader "
                                  f"epoch {params[2]} (node {params[3]} epoch {params[4]})")
 
 

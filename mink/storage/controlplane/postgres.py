@@ -1,9 +1,9 @@
-"""The metadata store: Mink's view of the cluster, kept in PostgreSQL.
+"""The control plane on PostgreSQL: `MetadataStore`, Mink's metadata operations.
 
 A narrow interface of epoch-checked operations (in the spirit of Inkless' control plane).
 Every operation is ONE statement or ONE transaction that checks the epochs it carries; the
-write operations are SQL functions defined in `migrations/0002_operations.sql`, so each one
-is a single round trip and its SQL reads top to bottom there. Schema: `0001_schema.sql`.
+write operations are SQL functions defined in `sql/0002_operations.sql`, so each one
+is a single round trip and its SQL reads top to bottom there. Schema: `sql/0001_schema.sql`.
 
 Runtime: psycopg's `AsyncConnectionPool` runs on the node's trio_asyncio loop. Every public
 method is a trio-native `async def` that crosses into asyncio once
@@ -34,7 +34,6 @@ import select
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -45,20 +44,36 @@ import psycopg.waiting
 import psycopg_pool
 from psycopg import pq
 
-from mink.storage.migrate import migrate as _migrate
+from mink.storage.controlplane.api import (
+    Change,
+    CommitOutcome,
+    IndexRow,
+    InvalidPartitions,
+    LeaderMoved,
+    LeaseInfo,
+    MetadataError,
+    MetadataRejected,
+    MetadataUnavailable,
+    NodeAlive,
+    NodeIdInUse,
+    NodeInfo,
+    OutcomeUnknown,
+    ProducerState,
+    ProducerStateUpdate,
+    RangeOutcome,
+    StaleEpoch,
+    StreamState,
+    TopicExists,
+    TopicRecord,
+    UnknownNode,
+    UnknownTopic,
+    View,
+    WalObject,
+)
+from mink.storage.controlplane.listener import Listener
+from mink.storage.controlplane.migrate import migrate as _migrate
 from mink.storage.pgtext import dict_from_pg, dict_to_pg
 
-__all__ = [
-    "MetadataStore", "Listener",
-    # results and arguments
-    "NodeInfo", "LeaseInfo", "TopicInfo", "PartitionInfo", "TopicView", "View", "StreamState",
-    "ProducerStateUpdate", "WalRange", "WalObject", "RangeOutcome", "CommitOutcome",
-    "IndexRow", "ProducerState", "Change",
-    # errors
-    "MetadataError", "MetadataUnavailable", "OutcomeUnknown", "MetadataRejected", "StaleEpoch", "NotLeader",
-    "TopicExists", "UnknownTopic", "InvalidPartitions", "UnknownNode", "NodeAlive",
-    "NodeIdInUse",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -80,213 +95,6 @@ NOTIFY_CHANNEL = "mink_view"
 COORDINATOR_LEASE = "coordinator"
 
 
-# ---------------------------------------------------------------------------------------------
-# Errors
-
-class MetadataError(Exception):
-    """Base of the metadata store's errors."""
-
-
-class MetadataUnavailable(MetadataError):
-    """PostgreSQL cannot be reached now; retriable. Nothing was written."""
-
-
-class OutcomeUnknown(MetadataUnavailable):
-    """The connection was lost (or the operation timed out) after a write was sent: it may or
-    may not have been committed. Never guess: read the outcome back."""
-
-
-class MetadataRejected(MetadataError):
-    """PostgreSQL refused the statement with an error of its own (a data exception, a
-    constraint): the transaction was rolled back, nothing was written, and sending the same
-    statement again fails the same way. Not retriable as it is."""
-
-
-class StaleEpoch(MetadataError):
-    """Refused: an epoch the operation carries is not current. `reason` says which."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class NotLeader(MetadataError):
-    """OpenStream refused: the node is not the partition's leader at that leader epoch.
-    reason: not_leader | stale_leader_epoch | unknown_leader_epoch."""
-
-    def __init__(self, reason: str, leader_node: int | None, leader_epoch: int | None):
-        super().__init__(f"{reason} (leader {leader_node} at epoch {leader_epoch})")
-        self.reason = reason
-        self.leader_node = leader_node
-        self.leader_epoch = leader_epoch
-
-
-class TopicExists(MetadataError):
-    pass
-
-
-class UnknownTopic(MetadataError):
-    """Unknown (or deleted) topic or partition."""
-
-
-class InvalidPartitions(MetadataError):
-    pass
-
-
-class UnknownNode(MetadataError):
-    pass
-
-
-class NodeIdInUse(MetadataError):
-    """register_node refused: another process (incarnation) renews this node id right now."""
-
-    def __init__(self, message: str, detail: dict[str, Any]):
-        super().__init__(message)
-        self.incarnation = detail.get("incarnation")
-        self.host = detail.get("host")
-        self.port = detail.get("port")
-        self.renewed_s_ago = detail.get("renewed_s_ago")
-
-
-class NodeAlive(MetadataError):
-    """fence_node refused: the node is live at the epoch the caller saw."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Structs (results and arguments)
-
-class NodeInfo(msgspec.Struct, frozen=True):
-    node_id: int
-    epoch: int
-    host: str
-    port: int
-    rack: str | None
-    expires_at: datetime | None  # None once the node left
-    live: bool = True
-
-
-class LeaseInfo(msgspec.Struct, frozen=True):
-    scope: str
-    holder: int | None
-    holder_epoch: int | None
-    epoch: int                    # lease epoch
-    expires_at: datetime | None   # None once released / voided
-    live: bool                    # held now (expires_at > now() on PostgreSQL's clock)
-
-
-class TopicInfo(msgspec.Struct, frozen=True):
-    topic_id: uuid.UUID
-    name: str
-    partitions: int
-    config: dict[str, Any]
-    created_at: datetime
-
-
-class PartitionInfo(msgspec.Struct, frozen=True, array_like=True):
-    partition: int
-    leader_node: int | None
-    leader_epoch: int
-    stream_state: str               # 'open' | 'closed'
-    opened_by_node: int | None      # the last opener (kept after a close)
-    opened_by_epoch: int | None     # its node epoch
-    open_leader_epoch: int | None   # the leader epoch it opened at
-
-
-class TopicView(msgspec.Struct, frozen=True):
-    topic_id: uuid.UUID
-    name: str
-    config: dict[str, Any]
-    partitions: list[PartitionInfo]
-
-
-class View(msgspec.Struct, frozen=True):
-    """A consistent snapshot (one statement) of the control-plane state."""
-    version: int                 # view version: the last change-log row included
-    cluster_id: str
-    coordinator: int | None      # holder of the live coordinator lease
-    nodes: list[NodeInfo]        # live nodes
-    topics: list[TopicView]      # live topics, by name
-
-
-class StreamState(msgspec.Struct, frozen=True):
-    topic_id: uuid.UUID
-    partition: int
-    leader_node: int | None
-    leader_epoch: int
-    stream_state: str
-    opened_by_node: int | None
-    opened_by_epoch: int | None
-    open_leader_epoch: int | None
-    log_start_offset: int
-    committed_end: int           # high watermark = log end offset
-    max_timestamp: int = -1      # the largest batch max timestamp committed (-1: none)
-
-
-class ProducerStateUpdate(msgspec.Struct):
-    producer_id: int
-    producer_epoch: int
-    state: bytes                 # opaque here
-
-
-class WalRange(msgspec.Struct):
-    """The batches of one partition in one WAL object (adjacent batches merged)."""
-    topic_id: uuid.UUID
-    partition: int
-    leader_epoch: int
-    base_offset: int
-    last_offset: int
-    byte_start: int
-    byte_end: int
-    max_timestamp: int
-    batch_count: int
-    producer_states: list[ProducerStateUpdate] = []
-
-
-class WalObject(msgspec.Struct):
-    key: str
-    size: int
-    ranges: list[WalRange]
-
-
-class RangeOutcome(msgspec.Struct, frozen=True, array_like=True):
-    accepted: bool
-    reason: str | None           # None when accepted
-    committed_end: int | None    # the partition's committed end after this range was decided
-
-
-class CommitOutcome(msgspec.Struct, frozen=True):
-    key: str
-    committed: bool              # at least one range accepted
-    ranges: list[RangeOutcome]   # one per WalObject.ranges, same order
-    repeated: bool = False       # the stored outcome of an earlier call with this key
-    reason: str | None = None    # whole object refused: stale_node_epoch | abandoned
-
-
-class IndexRow(msgspec.Struct, frozen=True):
-    base_offset: int
-    last_offset: int
-    object_key: str
-    byte_start: int
-    byte_end: int
-    max_timestamp: int
-    batch_count: int
-
-
-class ProducerState(msgspec.Struct, frozen=True):
-    producer_id: int
-    producer_epoch: int
-    state: bytes
-    updated_at: datetime
-
-
-class Change(msgspec.Struct, frozen=True):
-    version: int
-    kind: str   # node_registered node_left node_fenced topic_created topic_deleted
-                # partitions_created leader_changed
-    body: dict[str, Any]
-    at: datetime
-
-
 class _StoredOutcome(msgspec.Struct):
     committed: bool
     reason: str | None
@@ -298,14 +106,15 @@ _outcome_decoder = msgspec.json.Decoder(_StoredOutcome)
 _view_decoder = msgspec.json.Decoder(View)
 
 
-def _topic_info(row) -> TopicInfo:
+def _topic_info(row) -> TopicRecord:
     """A topics row; its config holds client strings in pgtext's encoding."""
     topic_id, name, partitions, config, created_at = row
-    return TopicInfo(topic_id, name, partitions, dict_from_pg(config), created_at)
+    return TopicRecord(topic_id, name, partitions, dict_from_pg(config), created_at)
 
 
 def _config_escaped(config: dict) -> bool:
     return dict_from_pg(config) is not config
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,7 +313,7 @@ def _domain_error(e: psycopg.Error) -> MetadataError | None:
         return StaleEpoch(message)
     if state == "MK002":
         detail = msgspec.json.decode(e.diag.message_detail or "{}")
-        return NotLeader(message, detail.get("leader_node"), detail.get("leader_epoch"))
+        return LeaderMoved(message, detail.get("leader_node"), detail.get("leader_epoch"))
     if state == "MK003":
         return UnknownTopic(message)
     if state == "MK004":
@@ -891,7 +700,7 @@ class MetadataStore:
 
     async def create_topic(self, name: str, partitions: int, config: dict[str, Any],
                            leaders: Sequence[int | None], topic_id: uuid.UUID | None = None,
-                           *, coordinator_epoch: int | None = None) -> TopicInfo:
+                           *, coordinator_epoch: int | None = None) -> TopicRecord:
         """Insert the topic and its partitions (leader epoch 0, the given leaders) and a
         change-log row, in one transaction. TopicExists, InvalidPartitions, StaleEpoch."""
         row = await self._one(WRITE, SQL_CREATE_TOPIC, (
@@ -912,7 +721,7 @@ class MetadataStore:
 
     async def create_partitions(self, name: str, new_total: int,
                                 leaders_for_new: Sequence[int | None], *,
-                                coordinator_epoch: int | None = None) -> TopicInfo:
+                                coordinator_epoch: int | None = None) -> TopicRecord:
         """Grow a topic to new_total partitions. InvalidPartitions unless it grows and one
         leader is given per new partition; UnknownTopic."""
         row = await self._one(WRITE, SQL_CREATE_PARTITIONS, (
@@ -920,10 +729,10 @@ class MetadataStore:
         assert row is not None
         return _topic_info(row)
 
-    async def get_topics(self) -> list[TopicInfo]:
+    async def get_topics(self) -> list[TopicRecord]:
         return [_topic_info(r) for r in await self._all(READ, SQL_GET_TOPICS)]
 
-    async def get_topic(self, name: str) -> TopicInfo | None:
+    async def get_topic(self, name: str) -> TopicRecord | None:
         row = await self._one(READ, SQL_GET_TOPIC, (name,))
         return None if row is None else _topic_info(row)
 
@@ -959,7 +768,7 @@ class MetadataStore:
         """The partition's leader takes a fresh leader epoch for itself (it restarted, or the
         node it took over from had opened the stream at this epoch). Not a coordinator action:
         fenced by the node epoch (StaleEpoch('stale_node_epoch') unless current and live), by
-        leadership (NotLeader) and by the expected leader epoch
+        leadership (LeaderMoved) and by the expected leader epoch
         (StaleEpoch('leader_epoch_changed')). Returns the new leader epoch."""
         row = await self._one(WRITE, SQL_RELEAD_OWN_PARTITION, (
             topic_id, partition, node_id, node_epoch, expected_leader_epoch))
@@ -980,7 +789,7 @@ class MetadataStore:
     async def open_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                           node_id: int, node_epoch: int) -> StreamState:
         """OpenStream: refused unless node_id is the partition's leader at leader_epoch
-        (NotLeader, with the current leader) and node_epoch is current (StaleEpoch; read
+        (LeaderMoved, with the current leader) and node_epoch is current (StaleEpoch; read
         without a lock: the partition-row lock and the leader epoch are the fence, see
         commit_wal).
         Records the opener and the leader epoch's start offset. Returns the state after."""
@@ -1201,29 +1010,3 @@ def _outcome(key: str, stored: str, repeated: bool, n_ranges: int) -> CommitOutc
         ranges = [RangeOutcome(False, s.reason, None)] * n_ranges
     return CommitOutcome(key=key, committed=s.committed, ranges=ranges, repeated=repeated,
                          reason=s.reason)
-
-
-class Listener:
-    """Async iterator of wake-ups (see MetadataStore.listen)."""
-
-    def __init__(self) -> None:
-        self._send, self._recv = trio.open_memory_channel[int | None](1)
-        self._connected_event = trio.Event()
-        self.connected = False
-
-    def _wake(self, hint: int | None) -> None:
-        # called from the asyncio side, in the trio thread: coalesce if one is pending
-        try:
-            self._send.send_nowait(hint)
-        except trio.WouldBlock:
-            pass
-
-    def __aiter__(self) -> Listener:
-        return self
-
-    async def __anext__(self) -> int | None:
-        return await self._recv.receive()
-
-    async def wait(self) -> int | None:
-        """The next wake-up."""
-        return await self._recv.receive()

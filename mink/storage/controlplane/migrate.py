@@ -1,6 +1,6 @@
 """Numbered SQL migrations for the metadata schema.
 
-Files `mink/storage/migrations/NNNN_name.sql` are applied in order of their number and
+Files `mink/storage/controlplane/sql/NNNN_name.sql` are applied in order of their number and
 recorded in `schema_migrations(version, name, applied_at)`. All pending migrations are applied
 in one transaction that first takes a transaction-level advisory lock, so nodes starting at
 the same time apply them once, one after the other; a node that finds them applied does
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+MIGRATIONS_DIR = Path(__file__).with_name("sql")
 
 # pg_advisory_xact_lock(bigint) key: "minkmigr" in ASCII
 LOCK_KEY = int.from_bytes(b"minkmigr", "big")
