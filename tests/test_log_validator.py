@@ -110,7 +110,8 @@ def test_wrong_record_count_is_invalid_record(count):
 
 @pytest.mark.parametrize("mangle", ["size_past_end", "size_short", "key_past_end",
                                     "key_length_below_minus_one", "negative_header_count",
-                                    "header_key_past_end", "long_varint"])
+                                    "header_key_past_end", "long_varint",
+                                    "varint_past_32_bits", "varlong_past_64_bits"])
 def test_bad_lengths_are_invalid_record(mangle):
     body = bytearray()
     body.append(0)           # attributes
@@ -130,6 +131,13 @@ def test_bad_lengths_are_invalid_record(mangle):
         body += b"\x40"
     elif mangle == "long_varint":
         body[1:2] = b"\xff" * 11
+    elif mangle == "varint_past_32_bits":
+        # A header key length Java reads as 36 (it drops the bits past 32) and kafka-python
+        # as a negative size: acknowledged, it would stop that consumer (found by the fuzz test).
+        body[-1] = 0x02      # one header
+        body += b"\xc8\x80\x80\x80\x10" + b"k" * 36 + b"\x00"
+    elif mangle == "varlong_past_64_bits":
+        body[1:2] = b"\x80" * 9 + b"\x02"  # timestampDelta with a bit past 64
     size = len(body)
     if mangle == "size_past_end":
         size += 40

@@ -45,7 +45,7 @@ async def test_a_coordinator_action_without_an_epoch_is_refused(direct_store):
 
 
 async def test_restart_path_re_leads_its_own_partition_fenced_by_its_node_epoch(direct_store):
-    from mink.storage.controlplane.postgres import NotLeader
+    from mink.storage.controlplane import LeaderMoved
 
     store = direct_store
     e1 = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
@@ -57,7 +57,7 @@ async def test_restart_path_re_leads_its_own_partition_fenced_by_its_node_epoch(
     with pytest.raises(StaleEpoch) as refused:  # the expected epoch moved on
         await store.relead_own_partition(topic.topic_id, 0, 1, e1, expected_leader_epoch=0)
     assert refused.value.reason == "leader_epoch_changed"
-    with pytest.raises(NotLeader):  # not its partition
+    with pytest.raises(LeaderMoved):  # not its partition
         await store.relead_own_partition(topic.topic_id, 1, 1, e1, expected_leader_epoch=0)
     e1b = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
     with pytest.raises(StaleEpoch) as refused:  # an earlier incarnation of node 1

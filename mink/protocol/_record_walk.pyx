@@ -15,6 +15,7 @@ cdef enum:
     OK = 0
     EOF = 1
     LONG_VARINT = 2
+    VARINT_RANGE = 3
 
 
 cdef inline int read_varint(const unsigned char* buf, Py_ssize_t* pos, Py_ssize_t end,
@@ -28,6 +29,8 @@ cdef inline int read_varint(const unsigned char* buf, Py_ssize_t* pos, Py_ssize_
         b = buf[pos[0]]
         pos[0] += 1
         if b < 0x80:
+            if shift == 28 and b > 0x0F:
+                return VARINT_RANGE  # bits past 32: readers would disagree on the value
             value |= (<uint32_t>b) << shift
             out[0] = <int32_t>((value >> 1) ^ (-(<int32_t>(value & 1))))
             return OK
@@ -48,6 +51,8 @@ cdef inline int read_varlong(const unsigned char* buf, Py_ssize_t* pos, Py_ssize
         b = buf[pos[0]]
         pos[0] += 1
         if b < 0x80:
+            if shift == 63 and b > 0x01:
+                return VARINT_RANGE  # bits past 64: readers would disagree on the value
             value |= (<uint64_t>b) << shift
             out[0] = <int64_t>((value >> 1) ^ (-(<int64_t>(value & 1))))
             return OK
@@ -69,6 +74,8 @@ cdef inline bint ascii_only(const unsigned char* buf, Py_ssize_t start,
 cdef str _varint_error(int status, str what):
     if status == EOF:
         return "premature end of the records"
+    if status == VARINT_RANGE:
+        return "varlong out of range" if what == "long" else "varint out of range"
     return "varlong is longer than 10 bytes" if what == "long" else "varint is longer than 5 bytes"
 
 

@@ -20,8 +20,10 @@ walk_records(data, count, base_timestamp, timestamp_low, timestamp_high,
   `check_timestamps`, and only for timestamps other than -1, against
   [timestamp_low, timestamp_high]).
 
-Varints are read as Java's ByteUtils reads them: at most 5 bytes for an int, 10 for a long,
-bits past 32 (64) dropped, then zigzag-decoded. Key, value and header-value lengths below -1
+Varints are read as Java's ByteUtils reads them (at most 5 bytes for an int, 10 for a long,
+then zigzag-decoded), except that a last byte carrying bits past 32 (64) is refused: Java drops
+those bits and kafka-python keeps them, so the two would read different lengths (found by the
+fuzz test: a header key length read as 36 by the walk and as -28 by kafka-python). Key, value and header-value lengths below -1
 are refused (Kafka reads them as null; librdkafka refuses them, and consumers must read
 every acknowledged batch), and so are header keys that are not UTF-8 (Kafka decodes them
 with replacement characters; kafka-python and aiokafka consumers fail on them).
@@ -51,6 +53,8 @@ def _varint(buf, pos: int, end: int) -> tuple[int, int]:
         b = buf[pos]
         pos += 1
         if b < 0x80:
+            if shift == 28 and b > 0x0F:  # bits past 32: readers would disagree on the value
+                raise _Malformed("varint out of range")
             value = (value | (b << shift)) & _U32
             return (value >> 1) ^ -(value & 1), pos
         value |= (b & 0x7F) << shift
@@ -69,6 +73,8 @@ def _varlong(buf, pos: int, end: int) -> tuple[int, int]:
         b = buf[pos]
         pos += 1
         if b < 0x80:
+            if shift == 63 and b > 0x01:  # bits past 64: readers would disagree on the value
+                raise _Malformed("varlong out of range")
             value = (value | (b << shift)) & _U64
             return (value >> 1) ^ -(value & 1), pos
         value |= (b & 0x7F) << shift
