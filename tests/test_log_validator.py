@@ -275,9 +275,13 @@ def test_walk_reads_what_encode_records_writes(records):
 
 
 def test_varints_wrap_as_java_reads_them():
-    # A 5-byte varint whose value needs more than 32 bits: Java keeps the low 32 bits.
-    data = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x7F])
+    # A 5-byte varint using all 32 bits reads as Java reads it.
+    data = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F])
     assert record_walk._varint(data, 0, 5) == (-(2**31), 5)
+    # One whose last byte carries bits past 32 is refused: Java would drop them and
+    # kafka-python keep them, so the two readers would disagree on the value.
+    with pytest.raises(record_walk._Malformed, match="varint out of range"):
+        record_walk._varint(bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x7F]), 0, 5)
     # Timestamps add in 64-bit two's complement, as Java longs do.
     record = encode_records([Record(0, 10, None, b"x")])
     wrapped = -(2**63) + 5
