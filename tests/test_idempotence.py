@@ -4,9 +4,9 @@ restarts."""
 from __future__ import annotations
 
 import collections
+import functools
 
 import trio
-import trio.testing
 
 from mink.client import KafkaClient
 from mink.protocol.records import Record, build_batch
@@ -54,11 +54,14 @@ async def test_same_request_twice_is_written_once(node):
 
 async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(pg_url, pg_proxy,
                                                                    store_url, nursery):
-    from tests.support.nodes import start_node
+    from mink.broker.node import run_node
     from tests.support.postgres import via_proxy
 
-    node = await start_node(nursery, node_config(via_proxy(pg_url, pg_proxy), store_url))
-    client = await KafkaClient.connect(node)
+    started = []
+    host, port = await nursery.start(functools.partial(
+        run_node, node_config(via_proxy(pg_url, pg_proxy), store_url),
+        on_started=started.append))
+    client = await KafkaClient.connect(f"{host}:{port}")
     init = await client.call(22, 4, init_producer_id_request())
     await client.call(0, 9, produce_request("inflight", 0, build_batch([Record(0, 0, None, b"x")])))
     request = produce_request("inflight", 0, idempotent_batch(init.producer_id, 0, 0, [b"a"]))
@@ -67,9 +70,9 @@ async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(pg_url, pg_pro
     pg_proxy.stall()
     await client.send(0, 9, request)
     await client.send(0, 9, request)
-    # The node runs in this trio run: once every task is blocked, both requests were read
-    # and applied, the first one's CommitWal is held by the proxy.
-    await trio.testing.wait_all_tasks_blocked(0.05)
+    with trio.fail_after(30):  # both requests wait on the first one's append
+        while _waiters_on_pending_append(started[0], init.producer_id) < 2:
+            await trio.sleep(0.01)
     assert pg_proxy.bytes_held_to_upstream > 0
     pg_proxy.resume()
     results = [produce_result((await client.receive(0, 9))[1]) for _ in range(2)]
@@ -77,6 +80,15 @@ async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(pg_url, pg_pro
     assert produce_result(await client.call(0, 9, produce_request(
         "inflight", 0, idempotent_batch(init.producer_id, 0, 1, [b"b"])))) == (NONE, 2)
     await client.aclose()
+
+
+def _waiters_on_pending_append(node, producer_id: int) -> int:
+    """How many tasks wait for the producer's in-flight append (0 when there is none)."""
+    for partition_log in node.streams.logs.values():
+        entry = partition_log.producers.current.get(producer_id)
+        if entry is not None and entry.batches and entry.batches[-1].pending is not None:
+            return entry.batches[-1].pending.done.statistics().tasks_waiting
+    return 0
 
 
 async def test_out_of_order_and_stale_epoch_are_refused(node):
