@@ -14,7 +14,10 @@ $(BIN)/mink: pyproject.toml setup.py mink/protocol/_record_walk.pyx
 run: $(BIN)/mink
 	$(BIN)/mink dev
 
-# pytest's exit code 5 ("no tests ran") fails like any other failure.
+# pytest's exit code 5 ("no tests ran") fails like any other failure. Two workers
+# (pytest-xdist, a module per worker at a time): the suite mostly waits on sockets and
+# timers, so it takes about half the time; `make test PYTEST_ARGS=tests/test_x.py` runs one.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(BIN)/mink
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -48,8 +48,16 @@ def group_config(pg_url, store_url, **overrides):
 
 
 @pytest.fixture
-async def gnode(nursery, pg_url, store_url) -> str:
-    return await start_node(nursery, group_config(pg_url, store_url))
+def node_settings() -> dict:
+    return dict(num_partitions=3, offsets_topic_num_partitions=10,
+                group_min_session_timeout_ms=SESSION_MS)
+
+
+@pytest.fixture
+def gnode(node) -> str:
+    """The harness node (tests/support/nodes.py) with three partitions per auto-created
+    topic, ten __consumer_offsets partitions and Kafka's shortest session timeout."""
+    return node
 
 
 async def in_thread(fn, *args):

@@ -17,9 +17,14 @@ N = 10_000
 
 
 @pytest.fixture
-async def node3(nursery, pg_url, store_url) -> str:
-    """A node whose auto-created topics have three partitions."""
-    return await start_node(nursery, node_config(pg_url, store_url, num_partitions=3))
+def node_settings() -> dict:
+    return dict(num_partitions=3)
+
+
+@pytest.fixture
+def node3(node) -> str:
+    """The harness node (tests/support/nodes.py); auto-created topics have three partitions."""
+    return node
 
 
 # -- client helpers (blocking; run in threads) --------------------------------------------

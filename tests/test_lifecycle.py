@@ -20,8 +20,8 @@ FAST = dict(log_retention_check_interval_ms=300, lease_ttl=3.0, file_delete_dela
 
 
 @pytest.fixture
-async def node(nursery, pg_url, store_url) -> str:
-    return await start_node(nursery, node_config(pg_url, store_url, **FAST))
+def node_settings() -> dict:
+    return FAST
 
 
 # -- helpers (blocking; run in threads) --------------------------------------------------------

@@ -344,7 +344,9 @@ MESSAGE_TOO_LARGE = 10
 
 @pytest.mark.parametrize("kind", bombs.KINDS)
 async def test_decompression_bomb_is_refused_and_the_node_serves_on(node, kind, caplog):
-    codec, payload, expanded = bombs.bomb(kind)
+    # Built in a thread: compressing hundreds of MiB takes seconds, which on the trio thread
+    # would stop the in-process node from renewing its membership.
+    codec, payload, expanded = await trio.to_thread.run_sync(bombs.bomb, kind)
     bad = wrap_section(payload, 1, compression=codec)
     assert len(bad) < 1048588 and expanded > 3 * (64 << 20)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -360,7 +362,7 @@ async def test_decompression_bomb_is_refused_and_the_node_serves_on(node, kind, 
 
 @pytest.mark.parametrize("codec", CODECS[1:], ids=codecs.CODEC_NAMES.get)
 async def test_legit_batch_near_one_mib_compressed_is_accepted(node, codec):
-    batch = bombs.legit_batch(codec, int(time.time() * 1000))
+    batch = await trio.to_thread.run_sync(bombs.legit_batch, codec, int(time.time() * 1000))
     client = await KafkaClient.connect(node)
     try:
         result = await produce(client, f"legit-{codecs.CODEC_NAMES[codec]}", batch)

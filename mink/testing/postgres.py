@@ -103,6 +103,13 @@ class TestPostgres:
                 shutil.rmtree(self._folder, ignore_errors=True)
                 self._folder = None
 
+    @property
+    def server(self):
+        """The embedded server this session started (an `EmbeddedPostgres`: `stop(mode)`,
+        `start()`, `running()`, for tests of PostgreSQL outages), or None when the session
+        uses an outside server (MINK_TESTING_POSTGRES_URL)."""
+        return self._server
+
     def __enter__(self) -> TestPostgres:
         return self.start()
 

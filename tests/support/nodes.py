@@ -48,9 +48,22 @@ def store_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-async def node(nursery, pg_url: str, store_url: str) -> str:
-    """A single in-process node on PostgreSQL and the file:// store; yields host:port."""
-    return await start_node(nursery, node_config(pg_url, store_url))
+def node_settings() -> dict:
+    """Config settings of the `node` fixture beyond the harness's defaults; a test module
+    overrides this fixture to change them."""
+    return {}
+
+
+@pytest.fixture
+async def node(mink_postgres, store_url: str, node_settings: dict):
+    """A single in-process node (the harness's `mink.testing.open_node`, in the test's trio
+    run) on a fresh database of the session's PostgreSQL and the file:// store; yields
+    host:port. A test module may override `node_settings` to change its Config."""
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         **node_settings) as running:
+        yield running.bootstrap
 
 
 class NodeProcess:

@@ -1,57 +1,37 @@
-"""PostgreSQL for the tests: one server per session, a fresh migrated database per test."""
+"""PostgreSQL for the tests: the harness's one server per session (mink.testing's
+`mink_postgres`), a fresh migrated database per test."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from mink.storage.embedded_postgres import EmbeddedPostgres
 
-TEMPLATE_DB = "mink_template"
-_db_counter = itertools.count()
-
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[EmbeddedPostgres]:
-    # Not under pytest's temporary root: every pytest session that starts resets that root
-    # to mode 0700, which locks PostgreSQL's own user (as root, the server runs as
-    # `pgserver`) out of the data folder of any other session still running.
-    root = Path(tempfile.mkdtemp(prefix="mink-test-pg-"))
-    server = EmbeddedPostgres(root / "data", durable=False)
-    server.start()
-    try:
-        from mink.storage.controlplane.migrate import migrate_sync
-
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
-        migrate_sync(server.url_for(TEMPLATE_DB))
-        yield server
-    finally:
-        if server.running():
-            server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
+def pg_server(mink_postgres) -> EmbeddedPostgres:
+    """The session's embedded PostgreSQL, the one the harness's `mink_postgres` started (one
+    server for the whole suite): tests of outages stop and start it."""
+    if mink_postgres.server is None:
+        pytest.skip("the session's PostgreSQL is an outside server (MINK_TESTING_POSTGRES_URL)")
+    return mink_postgres.server
 
 
 @pytest.fixture
-def pg_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
-    """URL of a new database cloned from the migrated template."""
-    if not pg_server.running():  # a test that stopped the server must not break the next one
-        pg_server.start()
-    name = f"t_{os.getpid()}_{next(_db_counter)}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    yield pg_server.url_for(name)
-    if not pg_server.running():
-        pg_server.start()
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+def pg_url(mink_postgres) -> Iterator[str]:
+    """URL of a new database cloned from the migrated template (the harness's clone, taken
+    from a spare cloned ahead; dropped in the background afterwards)."""
+    server = mink_postgres.server
+    if server is not None and not server.running():  # a test stopped it: restart for this one
+        server.start()
+    url = mink_postgres.new_database()
+    yield url
+    if server is not None and not server.running():
+        server.start()
+    mink_postgres.drop_database(url, wait=False)
 
 
 def pg_data_dir(server: EmbeddedPostgres) -> Path:
