@@ -359,7 +359,7 @@ def test_cut_postgres_for_one_node_makes_it_stop_leading(mink_cluster):
             "isolated-node", seen_by=witness).values():
         time.sleep(0.05)
     assert victim not in mink_cluster.leaders("isolated-node", seen_by=witness).values()
-    assert not mink_cluster.node(victim).node.leading  # it fenced itself
+    assert not mink_cluster.node(victim).node.membership.leading  # it fenced itself
     mink_cluster.node(victim).restore_postgres()
     p = producer(mink_cluster.bootstrap)
     p.produce("isolated-node", b"still served", partition=0)
