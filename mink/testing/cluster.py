@@ -349,7 +349,8 @@ class MinkCluster:
                         await holder.call(holder.node.topic_admin.create_topic, name,
                                           partitions, dict(config or {}))
                         break
-                    except (_parts.NotCoordinator, _parts.MetadataUnavailable, NodeNotRunning):
+                    except (_parts.NotClusterCoordinator, _parts.MetadataUnavailable,
+                            NodeNotRunning):
                         pass
                 await trio.sleep(0.02)
         await self.wait_led(name, timeout=timeout)
