@@ -56,3 +56,48 @@ def test_nothing_refers_outside_the_repository():
         if "../" + "shared" in path.read_text(errors="replace"):
             offenders.append(name)
     assert not offenders, f"files referring outside the repository: {offenders}"
+
+
+def _private_members(cls_node) -> set[str]:
+    """The `_name` members a class defines: its methods and the `self._name` it assigns."""
+    import ast
+
+    names = set()
+    for item in ast.walk(cls_node):
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and (
+                isinstance(item.value, ast.Name) and item.value.id == "self"):
+            names.add(item.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_nothing_outside_the_postgres_module_touches_the_metadata_store_s_private_parts():
+    """The control plane's face is its public operations (and `fetch_one`/`fetch_all` for the
+    operation modules beside it): a `store._one(...)` elsewhere is a hole in that face."""
+    import ast
+
+    home = ROOT / "mink" / "storage" / "controlplane" / "postgres.py"
+    [store] = [n for n in ast.walk(ast.parse(home.read_text()))
+               if isinstance(n, ast.ClassDef) and n.name == "MetadataStore"]
+    private = _private_members(store)
+    assert {"_run", "_pool"} <= private  # the scan sees the class
+    offenders = []
+    for folder in ("mink", "tests", "chaos", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == home:
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            subclasses = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and any(
+                getattr(b, "id", getattr(b, "attr", None)) == "MetadataStore" for b in n.bases)}
+            for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+                if cls.name in subclasses:  # a subclass must not use them either
+                    for n in ast.walk(cls):
+                        if (isinstance(n, ast.Attribute) and n.attr in private
+                                and n.attr not in _private_members(cls)):
+                            offenders.append(f"{path.relative_to(ROOT)}:{n.lineno} {n.attr}")
+            for n in ast.walk(tree):
+                if (isinstance(n, ast.Attribute) and n.attr in private
+                        and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n.lineno} {n.attr}")
+    assert not offenders, f"private members of MetadataStore used outside postgres.py: {offenders}"

@@ -135,9 +135,9 @@ async def test_collection_never_deletes_a_referenced_object(metadata, nursery):
         "partition 1 still uses the object"
     # Try to make it: put the referenced key in the queue as a buggy step would.
     (key,) = shared
-    await metadata._all(lifecycle.IDEMPOTENT,
-                        "INSERT INTO unreferenced_objects (key, since) "
-                        "VALUES (%s, now() - interval '1 hour') RETURNING key", (key,))
+    await metadata.fetch_all(lifecycle.IDEMPOTENT,
+                             "INSERT INTO unreferenced_objects (key, since) "
+                             "VALUES (%s, now() - interval '1 hour') RETURNING key", (key,))
     assert await delete_everything_due(metadata, objects) == []
     assert await objects.list("wal/") == sorted(shared)
     assert [o for o, _ in await read_all(logs[1])] == [0, 1]
@@ -201,7 +201,7 @@ async def test_metadata_pruning(metadata, nursery):
     await delete_everything_due(metadata, objects)
 
     async def count(table: str) -> int:
-        return (await metadata._one(lifecycle.READ, f"SELECT count(*) FROM {table}"))[0]
+        return (await metadata.fetch_one(lifecycle.READ, f"SELECT count(*) FROM {table}"))[0]
 
     wal_rows = await count("wal_objects")
     pruned = await lifecycle.prune_metadata(metadata, keep_s=0, change_log_keep=1,
@@ -224,14 +224,14 @@ async def test_settling_orphans_at_restart_is_paged_and_skips_decided_keys(metad
     for key in keys:
         await objects.create(key, [b"x"])
     decided, undecided = keys[:-100], keys[-100:]
-    await metadata._all(lifecycle.IDEMPOTENT, """
+    await metadata.fetch_all(lifecycle.IDEMPOTENT, """
         INSERT INTO wal_objects (key, node_id, node_epoch, size, committed, outcome)
         SELECT k, 1, %s, 1, false, '{"committed": false, "reason": "x", "ranges": []}'
           FROM unnest(%s::text[]) AS k RETURNING key""", (first, decided))
     second = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
     restarted = Streams(1, second, objects, metadata)
     assert sorted(await restarted.settle_orphans(objects)) == undecided
-    abandoned = await metadata._all(lifecycle.READ, """
+    abandoned = await metadata.fetch_all(lifecycle.READ, """
         SELECT key FROM wal_objects WHERE outcome->>'reason' = 'abandoned' ORDER BY key""")
     assert [k for (k,) in abandoned] == undecided
 

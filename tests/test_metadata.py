@@ -637,7 +637,7 @@ async def test_delete_topic_and_garbage(store):
     # Its objects that lost their last index row wait in the lifecycle's queue for
     # file.delete.delay.ms (0008_lifecycle.sql); the committed-object scan finds nothing.
     assert await store.unreferenced_objects() == []
-    queued = await store._all(READ, "SELECT key FROM unreferenced_objects")
+    queued = await store.fetch_all(READ, "SELECT key FROM unreferenced_objects")
     assert queued == [(only_a.key,)]                                # shared: b still uses it
     assert await store.queue_for_deletion([shared.key, only_a.key], "unreferenced") == [only_a.key]
     assert await store.unreferenced_objects() == []

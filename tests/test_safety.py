@@ -67,7 +67,7 @@ async def test_restart_path_re_leads_its_own_partition_fenced_by_its_node_epoch(
                                             expected_leader_epoch=1) == 2
 
 
-class _Node(SimpleNamespace):
+class _Sync(SimpleNamespace):
     async def refresh_view(self) -> None:
         pass
 
@@ -80,8 +80,10 @@ async def test_a_coordinator_deposed_while_its_tick_awaits_moves_nothing(pg_url,
     try:
         e1 = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
         e2 = await store.register_node(2, "127.0.0.1", 9002, ttl_s=30)
-        node = _Node(metadata=store, objects=None, node_id=1, node_epoch=e1, leading=True,
-                     config=SimpleNamespace(lease_ttl=30.0, coordinator_tick=0.5))
+        node = SimpleNamespace(metadata=store, objects=None, node_id=1,
+                               membership=SimpleNamespace(node_epoch=e1, leading=True),
+                               sync=_Sync(),
+                               config=SimpleNamespace(lease_ttl=30.0, coordinator_tick=0.5))
         coordinator = ClusterCoordinator(node)
         await coordinator.hold_lease()
         assert coordinator.is_holder
@@ -102,7 +104,7 @@ async def test_a_coordinator_deposed_while_its_tick_awaits_moves_nothing(pg_url,
         with trio.fail_after(10):  # the tick's view request is held by the proxy
             while pg_proxy.bytes_held_to_upstream == 0:
                 await trio.sleep(0.01)
-        node.leading = False  # what Node.stop_leading does
+        node.membership.leading = False  # what Membership.stop_leading does
         coordinator.drop()
         pg_proxy.resume()
         with trio.fail_after(20):

@@ -450,7 +450,7 @@ async def test_a_stopped_writer_releases_producers_waiting_for_room(metadata, nu
     await trio.testing.wait_all_tasks_blocked()  # the waiter is at its wait (uploads hang)
     assert waiter_result == [], "the WAL is full: the producer must wait"
     streams.stop()
-    nursery.start_soon(streams.wal.settle_after_stop)  # as Node.stop_leading does
+    nursery.start_soon(streams.wal.settle_after_stop)  # as Membership.stop_leading does
     with trio.fail_after(5):
         while not waiter_result:
             await trio.sleep(0.01)

@@ -9,9 +9,9 @@ the pytest plugin at start-up.
 from __future__ import annotations
 
 from mink.broker.config import Config
-from mink.broker.cluster.coordinator import NotClusterCoordinator
-from mink.broker.node import Node, run_node
 from mink.broker.cluster.view import TopicInfo
+from mink.broker.node import Node, run_node
+from mink.broker.topics.admin import NotClusterCoordinator
 from mink.protocol.records import iter_batches, iter_records
 from mink.storage.embedded_postgres import EmbeddedPostgres, free_port
 from mink.storage.controlplane import MetadataError, MetadataUnavailable, StaleEpoch, TopicExists

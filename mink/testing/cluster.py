@@ -144,7 +144,7 @@ class MinkNode:
         self.node = node
         send, receive = trio.open_memory_channel(math.inf)
         self._jobs = send
-        node._nursery.start_soon(self._run_jobs, receive)
+        node.nursery.start_soon(self._run_jobs, receive)
         self._wrap_commits(node)
 
     async def _run_jobs(self, receive: trio.MemoryReceiveChannel) -> None:
@@ -346,17 +346,18 @@ class MinkCluster:
                 holder = self._coordinator()
                 if holder is not None:
                     try:
-                        await holder.call(holder.node.create_topic, name, partitions,
-                                          dict(config or {}))
+                        await holder.call(holder.node.topic_admin.create_topic, name,
+                                          partitions, dict(config or {}))
                         break
-                    except (_parts.NotCoordinator, _parts.MetadataUnavailable, NodeNotRunning):
+                    except (_parts.NotClusterCoordinator, _parts.MetadataUnavailable,
+                            NodeNotRunning):
                         pass
                 await trio.sleep(0.02)
         await self.wait_led(name, timeout=timeout)
 
     def _coordinator(self) -> MinkNode | None:
         for n in self.running_nodes():
-            if n.node.coordinator.is_holder and n.node.leading:
+            if n.node.coordinator.is_holder and n.node.membership.leading:
                 return n
         return None
 
@@ -426,7 +427,7 @@ class MinkCluster:
                             holder.node.metadata.lead_partitions,
                             [(info.topic_id, partition, to_node, p.leader_epoch)],
                             holder.node.coordinator.lease_epoch)
-                        await holder.call(holder.node.refresh_view)
+                        await holder.call(holder.node.sync.refresh_view)
                         break
                     except (_parts.StaleEpoch, _parts.MetadataUnavailable, NodeNotRunning):
                         pass

@@ -37,11 +37,11 @@ class ToolMetadataStore(MetadataStore):
             self._tool_users += 1
             try:
                 for _ in range(100):
-                    row = await self._one(WRITE, _LIVE)
+                    row = await self.fetch_one(WRITE, _LIVE)
                     if row is not None:
                         self._tool_epoch, self._tool_owned = row[0], False
                         break
-                    row = await self._one(WRITE, _TAKE)
+                    row = await self.fetch_one(WRITE, _TAKE)
                     if row is not None:
                         self._tool_epoch, self._tool_owned = row[0], True
                         break
@@ -64,7 +64,7 @@ class ToolMetadataStore(MetadataStore):
                 self._tool_epoch, self._tool_owned = None, False
                 if owned:
                     with trio.CancelScope(shield=True):
-                        await self._one(WRITE, _RELEASE, (epoch,))
+                        await self.fetch_one(WRITE, _RELEASE, (epoch,))
 
     async def create_topic(self, *args, coordinator_epoch=None, **kwargs):
         if coordinator_epoch is not None:

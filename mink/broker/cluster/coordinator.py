@@ -24,9 +24,6 @@ log = logging.getLogger(__name__)
 COORDINATOR_LEASE = "coordinator"
 
 
-class NotClusterCoordinator(Exception):
-    """A coordinator action reached a node that does not hold the coordinator lease."""
-
 Move = tuple[uuid.UUID, int, int, int]  # topic id, partition, new leader, expected epoch
 
 
@@ -125,12 +122,12 @@ class ClusterCoordinator:
     async def hold_lease(self) -> None:
         node = self.node
         ttl = node.config.lease_ttl
-        if not node.leading:
+        if not node.membership.leading:
             self.lease_epoch = None
             return
         if self.lease_epoch is None:
             self.lease_epoch = await node.metadata.acquire_lease(
-                COORDINATOR_LEASE, node.node_id, node.node_epoch, ttl_s=ttl)
+                COORDINATOR_LEASE, node.node_id, node.membership.node_epoch, ttl_s=ttl)
             if self.lease_epoch is not None:
                 log.info("node %d is the cluster coordinator (lease epoch %d)", node.node_id,
                          self.lease_epoch)
@@ -192,7 +189,7 @@ class ClusterCoordinator:
         # stopped leading meanwhile) leaves None, and a deposed coordinator must not act.
         # PostgreSQL refuses a missing epoch too (missing_coordinator_epoch).
         epoch = self.lease_epoch
-        if epoch is None or not self.node.leading:
+        if epoch is None or not self.node.membership.leading:
             log.warning("%d %s moves not applied: this node is no longer the coordinator",
                         len(moves), why)
             return False
@@ -205,5 +202,5 @@ class ClusterCoordinator:
                 self.lease_epoch = None
             return False
         log.info("moved %d %s partitions", len(moves), why)
-        await self.node.refresh_view()
+        await self.node.sync.refresh_view()
         return True

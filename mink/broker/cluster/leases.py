@@ -67,7 +67,8 @@ class BackgroundLeases:
     async def _acquire(self, scopes: list[str]) -> None:
         """Take (or renew) these leases in one round trip."""
         node = self.node
-        epochs = await node.metadata.acquire_leases(scopes, node.node_id, node.node_epoch,
+        epochs = await node.metadata.acquire_leases(scopes, node.node_id,
+                                                    node.membership.node_epoch,
                                                     ttl_s=node.config.lease_ttl)
         for scope in scopes:
             epoch = epochs.get(scope)
@@ -84,7 +85,7 @@ class BackgroundLeases:
 
     async def round(self) -> None:
         node = self.node
-        if not node.leading:
+        if not node.membership.leading:
             self.held.clear()  # they expire by themselves; a new incarnation starts afresh
             return
         view = node.view

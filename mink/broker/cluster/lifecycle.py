@@ -130,7 +130,7 @@ class LifecycleLoops:
     async def refresh_log_starts(self) -> None:
         node = self.node
         streams = node.streams
-        if streams is None or not node.leading:
+        if streams is None or not node.membership.leading:
             return
         for topic_id, partition, start in await lifecycle.led_log_starts(node.metadata,
                                                                           node.node_id):

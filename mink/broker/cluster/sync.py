@@ -1,9 +1,9 @@
-"""Seed 000's "opening a bucket" as a pure function.
+"""Sync: seed 000's "opening a bucket" as a pure function, and the loop that applies it.
 
 Each node tails the view; for a partition it should lead but has not open, `plan_open`
-decides from the stream state in the view what to do before opening. The sync loop in
-`mink.broker.node` applies the plan (fence, fresh epoch, open) with PostgreSQL's fenced
-operations; nothing here does I/O.
+decides from the stream state in the view what to do before opening (no I/O). The sync
+loop (`PartitionSync`) applies the plan (fence, fresh epoch, open) with PostgreSQL's fenced
+operations, and closes what the view no longer gives this node.
 
 | stream state in the view                      | plan                                        |
 | --------------------------------------------- | ------------------------------------------- |
@@ -20,8 +20,23 @@ operations; nothing here does I/O.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import trio
+
+from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+from mink.storage import controlplane as md
+from mink.storage.controlplane import MetadataUnavailable, StaleEpoch
+from mink.storage.log import PartitionLog
+from mink.storage.streams import Streams
+
+log = logging.getLogger(__name__)
+
+# Partitions opened at once by one sync (each open is a PostgreSQL round trip).
+OPEN_CONCURRENCY = 8
 
 
 @dataclass(frozen=True)
@@ -63,3 +78,161 @@ def plan_open(stream: StreamInView, node_id: int, node_epoch: int,
             fence = (other, stream.opened_by_epoch)  # its late commits must be refused
     fresh = stream.open_leader_epoch == stream.leader_epoch
     return OpenPlan(fence=fence, fresh_epoch=fresh)
+
+
+class PartitionSync:
+    """Tails the change log, keeps the node's view current and opens or closes the
+    partitions the view gives this node (seed 000, "Opening a bucket")."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+        # A stream still open by another live node is left to it for about two syncs, then
+        # opened anyway: the epoch fence keeps that safe (seed 000, "HeldBy").
+        self.held_by_grace = 2 * min(1.0, node.config.lease_ttl / 6)
+        self._held_by: dict[tuple[uuid.UUID, int], float] = {}
+        self._sync_lock = trio.Lock()
+
+    async def run(self) -> None:
+        """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop
+        (liveness changes with time alone)."""
+        poll = min(1.0, self.node.config.lease_ttl / 6)
+        while True:
+            try:
+                async with self.node.metadata.listen() as wakeups:
+                    while True:
+                        try:
+                            await self.refresh_view()
+                        except MetadataUnavailable as exc:
+                            log.warning("view refresh failed: %s", exc)
+                        with trio.move_on_after(poll):
+                            await wakeups.wait()
+            except* MetadataUnavailable as group:
+                log.warning("change-log listener unavailable: %s", group.exceptions[0])
+            await trio.sleep(poll)
+
+    async def refresh_view(self) -> None:
+        node = self.node
+        view = view_from_snapshot(await node.metadata.view())
+        # An unchanged snapshot keeps its memo of encoded answers; an older one (a slower
+        # concurrent refresh) never replaces a newer one.
+        if view != node.view and view.version >= node.view.version:
+            node.view = view
+        await self.sync_partitions()
+        node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
+
+    async def sync_partitions(self) -> None:
+        """Open the partitions the view says this node leads; close the others (seed 000,
+        "Opening a bucket")."""
+        node = self.node
+        streams = node.streams
+        if streams is None or not node.membership.leading:
+            return
+        async with self._sync_lock:
+            wanted: set[tuple[uuid.UUID, int]] = set()
+            to_open = []
+            for topic in node.view.topics.values():
+                for p in topic.partitions:
+                    if p.leader == node.node_id:
+                        wanted.add((topic.topic_id, p.index))
+                        partition_log = streams.get(topic.topic_id, p.index)
+                        if partition_log is None or partition_log.closed is not None or (
+                                partition_log.leader_epoch < p.leader_epoch):
+                            to_open.append((topic, p))
+            handed_over = []
+            for key in [k for k in streams.logs if k not in wanted]:
+                handed_over.append((key, streams.logs[key].leader_epoch))
+                streams.close(*key)
+            if to_open or handed_over:
+                # Several opens at once: a new 10,000-partition topic is one round trip each.
+                limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
+                async with trio.open_nursery() as nursery:
+                    for key, leader_epoch in handed_over:
+                        nursery.start_soon(self._close_stream, limiter, streams, key,
+                                           leader_epoch)
+                    for topic, p in to_open:
+                        nursery.start_soon(self._open_within, limiter, streams, topic, p)
+
+    async def _open_within(self, limiter: trio.CapacityLimiter, streams: Streams,
+                           topic: TopicInfo, p: PartitionInfo) -> None:
+        async with limiter:
+            try:
+                await self._open(streams, topic, p)
+            except md.MetadataError as exc:  # the next sync tries again
+                log.warning("opening %s-%d failed: %s", topic.name, p.index, exc)
+            except Exception:  # one partition's trouble must not take the node down
+                log.exception("opening %s-%d failed", topic.name, p.index)
+
+    async def _close_stream(self, limiter: trio.CapacityLimiter, streams: Streams,
+                            key: tuple[uuid.UUID, int], leader_epoch: int) -> None:
+        """A clean hand-over: mark the stream closed, so the new leader opens it at once
+        instead of waiting out the HeldBy grace. Safe at any time: the partition-row lock
+        orders it with this node's commits (one landing after it is refused,
+        not_open_by_node), and it changes nothing unless this incarnation opened it at this
+        leader epoch."""
+        node = self.node
+        async with limiter:
+            try:
+                with trio.move_on_after(node.config.lease_ttl / 3):
+                    await node.metadata.close_stream(key[0], key[1], leader_epoch,
+                                                     node.node_id, streams.node_epoch)
+            except md.MetadataError as exc:  # the new leader opens after the grace anyway
+                log.info("closing the stream of %s-%d failed: %s", key[0], key[1], exc)
+
+    def _still(self, streams: Streams) -> bool:
+        """Whether the incarnation that started an open is still the current one."""
+        return self.node.membership.leading and self.node.streams is streams
+
+    async def _open(self, streams: Streams, topic: TopicInfo,
+                    p: PartitionInfo) -> PartitionLog | None:
+        node = self.node
+        membership = node.membership
+        key = (topic.topic_id, p.index)
+        leader_epoch = p.leader_epoch
+        now = trio.current_time()
+        stream = StreamInView(p.leader_epoch, p.stream_open, p.opened_by_node,
+                              p.opened_by_epoch, p.open_leader_epoch)
+        live_epochs = {b.node_id: b.epoch for b in node.view.brokers.values()}
+        plan = plan_open(stream, node.node_id, membership.node_epoch, live_epochs,
+                         now - self._held_by.get(key, now), self.held_by_grace)
+        try:
+            if plan.held_by:
+                self._held_by.setdefault(key, now)
+                return None  # HeldBy: the other node has not seen the move yet
+            self._held_by.pop(key, None)
+            if plan.fence is not None:
+                # Opened by a dead node: fence its epoch so its late commits are refused.
+                await node.metadata.fence_node(*plan.fence)
+            if plan.fresh_epoch and self._still(streams):
+                # Opened before at this very epoch (by this node before a restart, or by the
+                # node just fenced): a fresh leader epoch tells clients the log may differ.
+                # Its own fenced operation (node epoch, leadership, expected leader epoch),
+                # not a coordinator action: no coordinator action runs without its epoch.
+                leader_epoch = await node.metadata.relead_own_partition(
+                    topic.topic_id, p.index, node.node_id, membership.node_epoch,
+                    expected_leader_epoch=leader_epoch)
+            if not self._still(streams):
+                return None  # this node stopped leading meanwhile
+            return await streams.open(topic.topic_id, p.index, leader_epoch)
+        except md.NodeAlive:
+            return None
+        except (md.LeaderMoved, StaleEpoch, md.UnknownTopic) as exc:
+            log.info("not opening %s-%d: %s", topic.name, p.index, exc)
+            return None
+
+
+def view_from_snapshot(snapshot: md.View) -> ClusterView:
+    return ClusterView(
+        version=snapshot.version,
+        cluster_id=snapshot.cluster_id,
+        brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch)
+                 for n in snapshot.nodes},
+        topics={
+            t.name: TopicInfo(t.topic_id, t.name, tuple(
+                PartitionInfo(p.partition, p.leader_node, p.leader_epoch,
+                              p.stream_state == "open", p.opened_by_node, p.opened_by_epoch,
+                              p.open_leader_epoch)
+                for p in t.partitions), dict(t.config))
+            for t in snapshot.topics
+        },
+        coordinator=snapshot.coordinator,
+    )

@@ -31,7 +31,6 @@ from typing import Any
 import trio
 from kio.schema.errors import ErrorCode
 
-from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.groups.state import (
     UNKNOWN_MEMBER_ID,
     Group,
@@ -44,6 +43,7 @@ from mink.broker.groups.state import (
     Waiter,
     join_error,
 )
+from mink.broker.topics.admin import NotClusterCoordinator
 from mink.protocol.topics import OFFSETS_TOPIC
 from mink.storage import controlplane as md
 from mink.storage.controlplane.groups import (
@@ -214,7 +214,7 @@ class GroupCoordinator:
         if OFFSETS_TOPIC in node.view.topics or not node.coordinator.is_holder:
             return
         try:
-            await node.create_topic(OFFSETS_TOPIC, self.num_partitions, {})
+            await node.topic_admin.create_topic(OFFSETS_TOPIC, self.num_partitions, {})
             log.info("created %s with %d partitions", OFFSETS_TOPIC, self.num_partitions)
         except md.TopicExists:
             pass  # another node was quicker: the view shows it soon
@@ -338,7 +338,7 @@ class GroupCoordinator:
         if st is None or not st.loaded:
             return None
         return Fence(st.topic_id, st.index, st.leader_epoch, self.node.node_id,
-                     self.node.node_epoch)
+                     self.node.membership.node_epoch)
 
     def _add_group(self, group_id: str) -> Group:
         group = Group(group_id, self.partition_for(group_id))

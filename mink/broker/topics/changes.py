@@ -50,7 +50,7 @@ async def change_topic_config(node, name: str,
                 return ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist."
             log.info("topic %s config changed to %s", name, new)
             try:
-                await node.refresh_view()
+                await node.sync.refresh_view()
             except md.MetadataUnavailable as exc:  # stored; the sync loop catches up
                 log.warning("view refresh after a config change failed: %s", exc)
             return ErrorCode.none, None

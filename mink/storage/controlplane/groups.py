@@ -112,7 +112,7 @@ class GroupStore:
 
     async def load(self, partition: int) -> list[StoredGroup]:
         """Every group of a partition of __consumer_offsets, with its committed offsets."""
-        row = await self.metadata._one(READ, SQL_LOAD_PARTITION, (partition,))
+        row = await self.metadata.fetch_one(READ, SQL_LOAD_PARTITION, (partition,))
         return [_from_pg(g) for g in _groups_decoder.decode(row[0])] if row else []
 
     async def store_group(self, fence: Fence, group: StoredGroup) -> None:
@@ -143,7 +143,7 @@ class GroupStore:
             [p for _, p in partitions]))
 
     async def _fenced(self, sql: str, params: tuple) -> None:
-        row = await self.metadata._one(IDEMPOTENT, sql, params)
+        row = await self.metadata.fetch_one(IDEMPOTENT, sql, params)
         if row is None or not row[0]:
             raise NotGroupCoordinator(f"not the leader of __consumer_offsets-{params[1]} at leader "
                                  f"epoch {params[2]} (node {params[3]} epoch {params[4]})")

@@ -377,13 +377,16 @@ def _looks_dead(conn: psycopg.AsyncConnection) -> bool:
     return False
 
 
-class _Kind(enum.Enum):
+class StatementKind(enum.Enum):
+    """What a statement may do, which decides its retries (every caller of `fetch_one` /
+    `fetch_all` says which)."""
+
     READ = "read"              # retried after a connection loss; never OutcomeUnknown
     IDEMPOTENT = "idempotent"  # a write safe to repeat: retried once, then OutcomeUnknown
     WRITE = "write"            # not retried after it was sent: OutcomeUnknown
 
 
-READ, IDEMPOTENT, WRITE = _Kind.READ, _Kind.IDEMPOTENT, _Kind.WRITE
+READ, IDEMPOTENT, WRITE = StatementKind.READ, StatementKind.IDEMPOTENT, StatementKind.WRITE
 
 Op = Callable[[psycopg.AsyncConnection], Awaitable[Any]]
 
@@ -473,11 +476,11 @@ class MetadataStore:
 
     # -- running operations --------------------------------------------------------------------
 
-    async def _run(self, kind: _Kind, op: Op) -> Any:
+    async def _run(self, kind: StatementKind, op: Op) -> Any:
         """Run `op(conn)` in asyncio on a pooled connection: one crossing."""
         return await self._cross(kind, op)
 
-    async def _aio_run(self, kind: _Kind, op: Op) -> Any:
+    async def _aio_run(self, kind: StatementKind, op: Op) -> Any:
         pool = self._pool
         if pool is None:
             raise MetadataError("the metadata store is closed")
@@ -553,13 +556,23 @@ class MetadataStore:
         finally:
             self._checking = False
 
-    async def _one(self, kind: _Kind, sql: str, params: Any = None) -> tuple | None:
+    # -- one statement: the primitive of every operation -----------------------------------
+    # Public for the control plane's operation modules beside this one (`groups`, and
+    # `mink.storage.lifecycle.store`), which keep their own SQL: each operation is one
+    # statement (mostly a fenced SQL function), run here with the pool's error mapping,
+    # retries (by `kind`) and deadline. Nothing outside this module touches its private parts.
+
+    async def fetch_one(self, kind: StatementKind, sql: str,
+                        params: Any = None) -> tuple | None:
+        """The first row of one statement (None if it returned none)."""
         async def op(conn: psycopg.AsyncConnection) -> tuple | None:
             cur = await conn.execute(sql, params)
             return await cur.fetchone()
         return await self._run(kind, op)
 
-    async def _all(self, kind: _Kind, sql: str, params: Any = None) -> list[tuple]:
+    async def fetch_all(self, kind: StatementKind, sql: str,
+                        params: Any = None) -> list[tuple]:
+        """Every row of one statement."""
         async def op(conn: psycopg.AsyncConnection) -> list[tuple]:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
@@ -568,37 +581,37 @@ class MetadataStore:
     # -- cluster -------------------------------------------------------------------------------
 
     async def cluster_id(self) -> str:
-        row = await self._one(READ, SQL_CLUSTER_ID)
+        row = await self.fetch_one(READ, SQL_CLUSTER_ID)
         assert row is not None
         return row[0]
 
     async def allocate_producer_ids(self, count: int) -> int:
         """Reserve `count` producer ids; returns the first (ids first .. first+count-1)."""
-        row = await self._one(WRITE, SQL_ALLOCATE_PRODUCER_IDS, {"n": count})
+        row = await self.fetch_one(WRITE, SQL_ALLOCATE_PRODUCER_IDS, {"n": count})
         assert row is not None
         return row[0]
 
     async def producer_id_issued(self, producer_id: int) -> bool:
         """Whether `producer_id` was ever handed out (ids are never reused)."""
-        row = await self._one(READ, SQL_PRODUCER_ID_ISSUED, (producer_id,))
+        row = await self.fetch_one(READ, SQL_PRODUCER_ID_ISSUED, (producer_id,))
         return bool(row and row[0])
 
     # -- operator requests carried out by the coordinator ---------------------------------------
 
     async def request_cluster_action(self, kind: str) -> int:
-        row = await self._one(WRITE, SQL_REQUEST_CLUSTER_ACTION, (kind,))
+        row = await self.fetch_one(WRITE, SQL_REQUEST_CLUSTER_ACTION, (kind,))
         assert row is not None
         return row[0]
 
     async def pending_cluster_requests(self, kind: str) -> list[int]:
-        return [r[0] for r in await self._all(READ, SQL_PENDING_CLUSTER_REQUESTS, (kind,))]
+        return [r[0] for r in await self.fetch_all(READ, SQL_PENDING_CLUSTER_REQUESTS, (kind,))]
 
     async def finish_cluster_request(self, request_id: int, result: dict[str, Any]) -> None:
-        await self._one(IDEMPOTENT, SQL_FINISH_CLUSTER_REQUEST,
-                        (_json_encoder.encode(result).decode(), request_id))
+        await self.fetch_one(IDEMPOTENT, SQL_FINISH_CLUSTER_REQUEST,
+                             (_json_encoder.encode(result).decode(), request_id))
 
     async def cluster_request_result(self, request_id: int) -> dict[str, Any] | None:
-        row = await self._one(READ, SQL_CLUSTER_REQUEST_RESULT, (request_id,))
+        row = await self.fetch_one(READ, SQL_CLUSTER_REQUEST_RESULT, (request_id,))
         return None if row is None or row[0] is None else row[0]
 
     # -- membership ----------------------------------------------------------------------------
@@ -610,11 +623,11 @@ class MetadataStore:
         incarnation (a node process passes its own): NodeIdInUse if another incarnation
         renewed this node id within guard_s seconds and is live."""
         if incarnation is not None:
-            row = await self._one(WRITE, SQL_REGISTER_INCARNATION, (
+            row = await self.fetch_one(WRITE, SQL_REGISTER_INCARNATION, (
                 node_id, host, port, rack, ttl_s, incarnation, guard_s))
             assert row is not None
             return row[0]
-        row = await self._one(WRITE, SQL_REGISTER_NODE, (node_id, host, port, rack, ttl_s))
+        row = await self.fetch_one(WRITE, SQL_REGISTER_NODE, (node_id, host, port, rack, ttl_s))
         assert row is not None
         return row[0]
 
@@ -622,7 +635,7 @@ class MetadataStore:
         """Renew membership for ttl_s. StaleEpoch('stale_node_epoch') if the epoch is not the
         node's current one (fenced or re-registered) or the node left: close everything and
         register again. An expired but unfenced node is live again."""
-        row = await self._one(IDEMPOTENT, SQL_HEARTBEAT, (ttl_s, node_id, node_epoch))
+        row = await self.fetch_one(IDEMPOTENT, SQL_HEARTBEAT, (ttl_s, node_id, node_epoch))
         if row is None:
             raise StaleEpoch("stale_node_epoch")
 
@@ -630,20 +643,20 @@ class MetadataStore:
         """Clean stop: not live any more (heartbeats cannot revive it), its leases released;
         the row and its epoch stay, the next register_node gets epoch + 1. StaleEpoch if
         node_epoch is not current; leaving twice is a no-op."""
-        await self._one(WRITE, SQL_LEAVE, (node_id, node_epoch))
+        await self.fetch_one(WRITE, SQL_LEAVE, (node_id, node_epoch))
 
     async def live_nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(*r) for r in await self._all(READ, SQL_LIVE_NODES)]
+        return [NodeInfo(*r) for r in await self.fetch_all(READ, SQL_LIVE_NODES)]
 
     async def nodes(self) -> list[NodeInfo]:
         """Every node ever registered, live or not."""
-        return [NodeInfo(*r) for r in await self._all(READ, SQL_ALL_NODES)]
+        return [NodeInfo(*r) for r in await self.fetch_all(READ, SQL_ALL_NODES)]
 
     async def fence_node(self, node_id: int, seen_epoch: int) -> int:
         """Takeover: register the dead node at seen_epoch + 1, so that (node_id, seen_epoch)
         can never commit again. Returns the node's epoch now (already past seen_epoch: nothing
         written). NodeAlive if it is live at seen_epoch; UnknownNode for an unknown node id."""
-        row = await self._one(WRITE, SQL_FENCE_NODE, (node_id, seen_epoch))
+        row = await self.fetch_one(WRITE, SQL_FENCE_NODE, (node_id, seen_epoch))
         assert row is not None
         return row[0]
 
@@ -654,7 +667,7 @@ class MetadataStore:
         """Take the lease if free or expired (or renew it if this incarnation holds it).
         Returns the lease epoch (grows with each new tenure), None if another node holds it.
         StaleEpoch if the node epoch is not current or the node is not live."""
-        row = await self._one(WRITE, SQL_ACQUIRE_LEASE, (scope, node_id, node_epoch, ttl_s))
+        row = await self.fetch_one(WRITE, SQL_ACQUIRE_LEASE, (scope, node_id, node_epoch, ttl_s))
         assert row is not None
         return row[0]
 
@@ -664,37 +677,38 @@ class MetadataStore:
         scope -> lease epoch, or None where another node holds it. StaleEpoch as above."""
         if not scopes:
             return {}
-        rows = await self._all(WRITE, SQL_ACQUIRE_LEASES,
-                               (node_id, node_epoch, ttl_s, list(scopes)))
+        rows = await self.fetch_all(WRITE, SQL_ACQUIRE_LEASES,
+                                    (node_id, node_epoch, ttl_s, list(scopes)))
         return {scope: epoch for scope, epoch in rows}
 
     async def renew_lease(self, scope: str, node_id: int, lease_epoch: int, *,
                           ttl_s: float) -> None:
         """StaleEpoch('lease_lost') if the lease expired or changed hands."""
-        row = await self._one(IDEMPOTENT, SQL_RENEW_LEASE, (ttl_s, scope, node_id, lease_epoch))
+        row = await self.fetch_one(IDEMPOTENT, SQL_RENEW_LEASE,
+                                   (ttl_s, scope, node_id, lease_epoch))
         if row is None:
             raise StaleEpoch("lease_lost")
 
     async def release_lease(self, scope: str, node_id: int, lease_epoch: int) -> bool:
-        row = await self._one(IDEMPOTENT, SQL_RELEASE_LEASE, (scope, node_id, lease_epoch))
+        row = await self.fetch_one(IDEMPOTENT, SQL_RELEASE_LEASE, (scope, node_id, lease_epoch))
         return row is not None
 
     async def leases(self, prefix: str = "") -> list[LeaseInfo]:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return [LeaseInfo(*r) for r in await self._all(READ, SQL_LEASES, (pattern,))]
+        return [LeaseInfo(*r) for r in await self.fetch_all(READ, SQL_LEASES, (pattern,))]
 
     async def write_topic_stats(self, topic_id: uuid.UUID, scope: str, node_id: int,
                                 lease_epoch: int) -> None:
         """Compute and store a topic's statistics, fenced by its writer lease: StaleEpoch
         ('lease_lost') unless `node_id` holds `scope` at `lease_epoch` right now."""
-        row = await self._one(WRITE, SQL_WRITE_TOPIC_STATS, {
+        row = await self.fetch_one(WRITE, SQL_WRITE_TOPIC_STATS, {
             "topic": topic_id, "scope": scope, "node": node_id, "epoch": lease_epoch})
         if row is None:
             raise StaleEpoch("lease_lost")
 
     async def topic_stats(self) -> dict[uuid.UUID, tuple[int, int, int]]:
         """topic id -> (partitions, records, bytes), as last computed by its writer."""
-        return {r[0]: (r[1], r[2], r[3]) for r in await self._all(READ, SQL_TOPIC_STATS)}
+        return {r[0]: (r[1], r[2], r[3]) for r in await self.fetch_all(READ, SQL_TOPIC_STATS)}
 
     # -- topics --------------------------------------------------------------------------------
 
@@ -703,7 +717,7 @@ class MetadataStore:
                            *, coordinator_epoch: int | None = None) -> TopicRecord:
         """Insert the topic and its partitions (leader epoch 0, the given leaders) and a
         change-log row, in one transaction. TopicExists, InvalidPartitions, StaleEpoch."""
-        row = await self._one(WRITE, SQL_CREATE_TOPIC, (
+        row = await self.fetch_one(WRITE, SQL_CREATE_TOPIC, (
             name, partitions, _json_encoder.encode(dict_to_pg(config or {})).decode(),
             list(leaders), topic_id, coordinator_epoch))
         assert row is not None
@@ -715,7 +729,7 @@ class MetadataStore:
         (see unreferenced_objects for its data). UnknownTopic."""
         if name is None and topic_id is None:
             raise ValueError("delete_topic needs a name or a topic id")
-        row = await self._one(WRITE, SQL_DELETE_TOPIC, (name, topic_id, coordinator_epoch))
+        row = await self.fetch_one(WRITE, SQL_DELETE_TOPIC, (name, topic_id, coordinator_epoch))
         assert row is not None
         return row[0]
 
@@ -724,23 +738,23 @@ class MetadataStore:
                                 coordinator_epoch: int | None = None) -> TopicRecord:
         """Grow a topic to new_total partitions. InvalidPartitions unless it grows and one
         leader is given per new partition; UnknownTopic."""
-        row = await self._one(WRITE, SQL_CREATE_PARTITIONS, (
+        row = await self.fetch_one(WRITE, SQL_CREATE_PARTITIONS, (
             name, new_total, list(leaders_for_new), coordinator_epoch))
         assert row is not None
         return _topic_info(row)
 
     async def get_topics(self) -> list[TopicRecord]:
-        return [_topic_info(r) for r in await self._all(READ, SQL_GET_TOPICS)]
+        return [_topic_info(r) for r in await self.fetch_all(READ, SQL_GET_TOPICS)]
 
     async def get_topic(self, name: str) -> TopicRecord | None:
-        row = await self._one(READ, SQL_GET_TOPIC, (name,))
+        row = await self.fetch_one(READ, SQL_GET_TOPIC, (name,))
         return None if row is None else _topic_info(row)
 
     async def view(self) -> View:
         """Topics, partitions (leader, leader epoch, stream state), live nodes, coordinator and
         view version, from one snapshot. Note that liveness changes with time alone, without
         a change-log row."""
-        row = await self._one(READ, SQL_VIEW)
+        row = await self.fetch_one(READ, SQL_VIEW)
         assert row is not None
         view = _view_decoder.decode(row[0])
         if any(_config_escaped(t.config) for t in view.topics):
@@ -758,7 +772,7 @@ class MetadataStore:
         coordinator lease's epoch (None is refused: StaleEpoch('missing_coordinator_epoch'),
         no coordinator action runs unfenced); StaleEpoch('leader_epoch_changed') if
         expected_leader_epoch is given and is not the current one; UnknownTopic."""
-        row = await self._one(WRITE, SQL_LEAD_PARTITION, (
+        row = await self.fetch_one(WRITE, SQL_LEAD_PARTITION, (
             topic_id, partition, node_id, coordinator_epoch, expected_leader_epoch))
         assert row is not None
         return row[0]
@@ -770,7 +784,7 @@ class MetadataStore:
         fenced by the node epoch (StaleEpoch('stale_node_epoch') unless current and live), by
         leadership (LeaderMoved) and by the expected leader epoch
         (StaleEpoch('leader_epoch_changed')). Returns the new leader epoch."""
-        row = await self._one(WRITE, SQL_RELEAD_OWN_PARTITION, (
+        row = await self.fetch_one(WRITE, SQL_RELEAD_OWN_PARTITION, (
             topic_id, partition, node_id, node_epoch, expected_leader_epoch))
         assert row is not None
         return row[0]
@@ -781,7 +795,7 @@ class MetadataStore:
         transaction, all or none. Returns the new leader epochs, in order."""
         if not moves:
             return []
-        rows = await self._all(WRITE, SQL_LEAD_PARTITIONS, (
+        rows = await self.fetch_all(WRITE, SQL_LEAD_PARTITIONS, (
             coordinator_epoch, [m[0] for m in moves], [m[1] for m in moves],
             [m[2] for m in moves], [m[3] for m in moves]))
         return [r[0] for r in rows]
@@ -793,7 +807,7 @@ class MetadataStore:
         without a lock: the partition-row lock and the leader epoch are the fence, see
         commit_wal).
         Records the opener and the leader epoch's start offset. Returns the state after."""
-        row = await self._one(WRITE, SQL_OPEN_STREAM, (
+        row = await self.fetch_one(WRITE, SQL_OPEN_STREAM, (
             topic_id, partition, leader_epoch, node_id, node_epoch))
         assert row is not None
         return StreamState(*row)
@@ -804,7 +818,7 @@ class MetadataStore:
         """OpenStream (as open_stream) and the partition's producer states, read in the same
         transaction after the partition-row lock: a late CommitWal of an earlier opener is
         either in both (committed before) or refused (not_open_by_node)."""
-        row = await self._one(WRITE, SQL_OPEN_STREAM_WITH_PRODUCERS, (
+        row = await self.fetch_one(WRITE, SQL_OPEN_STREAM_WITH_PRODUCERS, (
             topic_id, partition, leader_epoch, node_id, node_epoch))
         assert row is not None
         producers = [ProducerStateUpdate(pid, epoch, base64.b64decode(state))
@@ -815,13 +829,13 @@ class MetadataStore:
                            node_id: int, node_epoch: int) -> bool:
         """Close the stream if (node_id, node_epoch) opened it at leader_epoch and node_epoch
         is current; False (nothing changed) otherwise."""
-        row = await self._one(IDEMPOTENT, SQL_CLOSE_STREAM, {
+        row = await self.fetch_one(IDEMPOTENT, SQL_CLOSE_STREAM, {
             "topic_id": topic_id, "partition": partition, "leader_epoch": leader_epoch,
             "node": node_id, "node_epoch": node_epoch})
         return row is not None
 
     async def stream_state(self, topic_id: uuid.UUID, partition: int) -> StreamState | None:
-        row = await self._one(READ, SQL_STREAM_STATE, (topic_id, partition))
+        row = await self.fetch_one(READ, SQL_STREAM_STATE, (topic_id, partition))
         return None if row is None else StreamState(*row)
 
     # -- CommitWal -----------------------------------------------------------------------------
@@ -849,7 +863,7 @@ class MetadataStore:
         if len(set(keys)) != len(keys):
             raise ValueError("duplicate object keys in one commit_wal call")
         payload = _json_encoder.encode(objects).decode()
-        rows = await self._all(IDEMPOTENT, SQL_COMMIT_WAL, (node_id, node_epoch, payload))
+        rows = await self.fetch_all(IDEMPOTENT, SQL_COMMIT_WAL, (node_id, node_epoch, payload))
         found = {key: (outcome, repeated) for key, outcome, repeated in rows}
         return [_outcome(o.key, *found[o.key], len(o.ranges)) for o in objects]
 
@@ -862,7 +876,7 @@ class MetadataStore:
         (reason 'abandoned') and the object is queued for deletion. A key whose ranges were
         all refused returns its CommitOutcome (committed=False)."""
         keys = list(dict.fromkeys(keys))
-        rows = await self._all(IDEMPOTENT, SQL_COMMIT_OUTCOME, (keys, settle))
+        rows = await self.fetch_all(IDEMPOTENT, SQL_COMMIT_OUTCOME, (keys, settle))
         result: dict[str, CommitOutcome | None] = dict.fromkeys(keys)
         for key, outcome in rows:
             decoded = _outcome(key, outcome, True, 0)
@@ -874,14 +888,15 @@ class MetadataStore:
     async def find_batches(self, topic_id: uuid.UUID, partition: int, from_offset: int,
                            max_rows: int = 100) -> list[IndexRow]:
         """Index rows with last_offset >= from_offset, in offset order."""
-        rows = await self._all(READ, SQL_FIND_BATCHES, (topic_id, partition, from_offset, max_rows))
+        rows = await self.fetch_all(READ, SQL_FIND_BATCHES,
+                                    (topic_id, partition, from_offset, max_rows))
         return [IndexRow(*r) for r in rows]
 
     async def offset_for_timestamp(self, topic_id: uuid.UUID, partition: int,
                                    ts: int) -> IndexRow | None:
         """The first index row (by offset) whose max_timestamp >= ts."""
-        row = await self._one(READ, SQL_OFFSET_FOR_TIMESTAMP,
-                              {"t": topic_id, "p": partition, "ts": ts})
+        row = await self.fetch_one(READ, SQL_OFFSET_FOR_TIMESTAMP,
+                                   {"t": topic_id, "p": partition, "ts": ts})
         return None if row is None else IndexRow(*row)
 
     async def leader_epoch_end(self, topic_id: uuid.UUID, partition: int,
@@ -891,8 +906,8 @@ class MetadataStore:
         end for the latest epoch). (-1, -1) if requested is -1, above every known epoch, or the
         partition never opened; (requested, first epoch's start) if below every known epoch.
         UnknownTopic if the partition does not exist."""
-        row = await self._one(READ, SQL_LEADER_EPOCH_END,
-                              {"t": topic_id, "p": partition, "epoch": requested_epoch})
+        row = await self.fetch_one(READ, SQL_LEADER_EPOCH_END,
+                                   {"t": topic_id, "p": partition, "epoch": requested_epoch})
         if row is None:
             raise UnknownTopic(f"unknown partition {topic_id}/{partition}")
         committed_end, latest, floor_epoch, higher_start = row
@@ -907,7 +922,7 @@ class MetadataStore:
         return (floor_epoch, higher_start)
 
     async def producer_states(self, topic_id: uuid.UUID, partition: int) -> list[ProducerState]:
-        rows = await self._all(READ, SQL_PRODUCER_STATES, (topic_id, partition))
+        rows = await self.fetch_all(READ, SQL_PRODUCER_STATES, (topic_id, partition))
         return [ProducerState(*r) for r in rows]
 
     # -- change log ----------------------------------------------------------------------------
@@ -916,7 +931,7 @@ class MetadataStore:
         """Change-log rows with version > `version` (at most `limit`, in order) and the current
         view version, from one snapshot. Versions have no gaps; if the list is shorter than
         current - version, call again from its last version."""
-        rows = await self._all(READ, SQL_CHANGES_SINCE, (version, limit))
+        rows = await self.fetch_all(READ, SQL_CHANGES_SINCE, (version, limit))
         current = rows[0][0]
         changes = [Change(v, kind, body, at) for _c, v, kind, body, at in rows if v is not None]
         return changes, current
@@ -981,23 +996,23 @@ class MetadataStore:
     async def unreferenced_objects(self, limit: int = 1000) -> list[str]:
         """Committed WAL objects no index row uses any more (moved by tiering, topic deleted),
         not queued for deletion yet. Pass them to queue_for_deletion."""
-        return [r[0] for r in await self._all(READ, SQL_UNREFERENCED_OBJECTS, (limit,))]
+        return [r[0] for r in await self.fetch_all(READ, SQL_UNREFERENCED_OBJECTS, (limit,))]
 
     async def queue_for_deletion(self, keys: Sequence[str], reason: str) -> list[str]:
         """Queue object keys for deletion, except those an index row still uses; keys never
         decided by CommitWal are abandoned (can never be committed). Returns those queued."""
-        rows = await self._all(IDEMPOTENT, SQL_QUEUE_FOR_DELETION, (list(keys), reason))
+        rows = await self.fetch_all(IDEMPOTENT, SQL_QUEUE_FOR_DELETION, (list(keys), reason))
         return [r[0] for r in rows]
 
     async def pending_deletions(self, limit: int = 1000) -> list[tuple[str, str]]:
         """(key, reason) of queued objects, oldest first."""
-        return [(k, r) for k, r in await self._all(READ, SQL_PENDING_DELETIONS, (limit,))]
+        return [(k, r) for k, r in await self.fetch_all(READ, SQL_PENDING_DELETIONS, (limit,))]
 
     async def deletions_done(self, keys: Sequence[str]) -> None:
         """The garbage collector deleted these objects from the store."""
         await self._one_no_result(IDEMPOTENT, SQL_DELETIONS_DONE, (list(keys),))
 
-    async def _one_no_result(self, kind: _Kind, sql: str, params: Any) -> None:
+    async def _one_no_result(self, kind: StatementKind, sql: str, params: Any) -> None:
         async def op(conn: psycopg.AsyncConnection) -> None:
             await conn.execute(sql, params)
         await self._run(kind, op)

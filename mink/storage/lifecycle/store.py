@@ -1,7 +1,8 @@
 """The lifecycle's operations on the metadata store: retention, DeleteRecords, topic config
 changes, collection and metadata pruning. Each is one SQL function of
-`mink/storage/controlplane/sql/0008_lifecycle.sql` (one statement, one transaction, fenced by the epoch it
-carries), run through the metadata store's pool with its error mapping and retries.
+`mink/storage/controlplane/sql/0008_lifecycle.sql` (one statement, one transaction, fenced by
+the epoch it carries), run through the metadata store's one-statement primitive
+(`MetadataStore.fetch_one` / `fetch_all`: its pool, error mapping and retries).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ async def apply_retention(store: MetadataStore, topic_id: uuid.UUID, scope: str,
     """Retention of one topic under its writer lease: partition -> new log start, for the
     partitions whose log start moved. StaleEpoch('lease_lost') unless node_id holds `scope`
     at `lease_epoch` now. Safe to repeat (log starts only move forward)."""
-    rows = await store._all(IDEMPOTENT, SQL_APPLY_RETENTION, (
+    rows = await store.fetch_all(IDEMPOTENT, SQL_APPLY_RETENTION, (
         topic_id, scope, node_id, lease_epoch, retention_ms, retention_bytes))
     return {partition: start for partition, start in rows}
 
@@ -72,7 +73,7 @@ async def delete_records(store: MetadataStore, topic_id: uuid.UUID, partition: i
                          offset: int) -> int:
     """DeleteRecords on the partition's leader: the new low watermark (log start). -1 means
     the high watermark. DeleteRecordsRefused otherwise. Safe to repeat."""
-    row = await store._one(IDEMPOTENT, SQL_DELETE_RECORDS, (
+    row = await store.fetch_one(IDEMPOTENT, SQL_DELETE_RECORDS, (
         topic_id, partition, leader_epoch, node_id, node_epoch, offset))
     assert row is not None
     error, low_watermark = row
@@ -82,7 +83,7 @@ async def delete_records(store: MetadataStore, topic_id: uuid.UUID, partition: i
 
 
 async def topic_config(store: MetadataStore, name: str) -> dict[str, Any] | None:
-    row = await store._one(READ, SQL_TOPIC_CONFIG, (name,))
+    row = await store.fetch_one(READ, SQL_TOPIC_CONFIG, (name,))
     return None if row is None else row[0]
 
 
@@ -90,7 +91,7 @@ async def alter_topic_config(store: MetadataStore, name: str, expected: dict[str
                              config: dict[str, Any]) -> None:
     """Replace a topic's config if it still is `expected` (ConfigChanged otherwise;
     UnknownTopic if there is no such live topic). Writes a change-log row."""
-    row = await store._one(WRITE, SQL_ALTER_TOPIC_CONFIG, (
+    row = await store.fetch_one(WRITE, SQL_ALTER_TOPIC_CONFIG, (
         name, _json.encode(expected).decode(), _json.encode(config).decode()))
     assert row is not None
     if row[0] == "unknown_topic":
@@ -101,21 +102,21 @@ async def alter_topic_config(store: MetadataStore, name: str, expected: dict[str
 
 async def queue_unreferenced(store: MetadataStore, delay_ms: int, limit: int) -> list[str]:
     """Objects unreferenced for delay_ms (PostgreSQL's clock) go to the deletion queue."""
-    return [r[0] for r in await store._all(IDEMPOTENT, SQL_QUEUE_UNREFERENCED,
-                                           (delay_ms, limit))]
+    return [r[0] for r in await store.fetch_all(IDEMPOTENT, SQL_QUEUE_UNREFERENCED,
+                                                (delay_ms, limit))]
 
 
 async def due_deletions(store: MetadataStore, limit: int) -> list[str]:
-    return [r[0] for r in await store._all(READ, SQL_DUE_DELETIONS, (limit,))]
+    return [r[0] for r in await store.fetch_all(READ, SQL_DUE_DELETIONS, (limit,))]
 
 
 async def deletions_done(store: MetadataStore, keys: list[str]) -> None:
-    await store._all(IDEMPOTENT, SQL_DELETIONS_DONE + " RETURNING key", (keys,))
+    await store.fetch_all(IDEMPOTENT, SQL_DELETIONS_DONE + " RETURNING key", (keys,))
 
 
 async def prune_metadata(store: MetadataStore, *, keep_s: float, change_log_keep: int,
                          producer_expiration_ms: int, limit: int) -> dict[str, int]:
-    rows = await store._all(IDEMPOTENT, SQL_PRUNE_METADATA, (
+    rows = await store.fetch_all(IDEMPOTENT, SQL_PRUNE_METADATA, (
         keep_s, change_log_keep, producer_expiration_ms, limit))
     return {kind: deleted for kind, deleted in rows}
 
@@ -123,16 +124,16 @@ async def prune_metadata(store: MetadataStore, *, keep_s: float, change_log_keep
 async def led_log_starts(store: MetadataStore,
                          node_id: int) -> list[tuple[uuid.UUID, int, int]]:
     """(topic id, partition, log start) of the partitions `node_id` leads, where not 0."""
-    return [tuple(r) for r in await store._all(READ, SQL_LED_LOG_STARTS, (node_id,))]
+    return [tuple(r) for r in await store.fetch_all(READ, SQL_LED_LOG_STARTS, (node_id,))]
 
 
 async def undecided_keys(store: MetadataStore, keys: list[str]) -> list[str]:
     """The keys CommitWal (or an abandonment) never decided on; a plain read, no locks."""
-    return [r[0] for r in await store._all(READ, SQL_UNDECIDED_KEYS, (keys,))]
+    return [r[0] for r in await store.fetch_all(READ, SQL_UNDECIDED_KEYS, (keys,))]
 
 
 async def log_start(store: MetadataStore, topic_id: uuid.UUID, partition: int) -> int | None:
-    row = await store._one(READ, SQL_LOG_START, (topic_id, partition))
+    row = await store.fetch_one(READ, SQL_LOG_START, (topic_id, partition))
     return None if row is None else row[0]
 
 

@@ -8,7 +8,6 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.create_topics import (
@@ -16,6 +15,7 @@ from mink.broker.server.handlers.create_topics import (
     Refused,
     assigned_leader,
 )
+from mink.broker.topics.admin import NotClusterCoordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage import controlplane as md
@@ -71,7 +71,7 @@ def plan_partitions(node, topic) -> tuple[int, list[int]]:
                       f"Topic already has {current} partitions.")
     added = topic.count - current
     if topic.assignments is None:
-        return current, node.assign_leaders(added, first=current)
+        return current, node.topic_admin.assign_leaders(added, first=current)
     if len(topic.assignments) != added:
         raise Refused(ErrorCode.invalid_replica_assignment,
                       f"Attempted to add {added} additional partition(s), but only "
@@ -87,7 +87,7 @@ async def create_partitions(node, name: str, total: int, leaders: list[int]) -> 
         raise Refused(ErrorCode.invalid_request,
                       "the partitions of internal topics cannot be changed")
     try:
-        await node.create_partitions(name, total, leaders)
+        await node.topic_admin.create_partitions(name, total, leaders)
     except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.UnknownTopic:

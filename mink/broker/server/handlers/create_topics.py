@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.describe_configs import topic_config_entries
+from mink.broker.topics.admin import NotClusterCoordinator
 from mink.broker.topics.config import TOPIC_SETTINGS, InvalidConfig, validate_topic_config
-from mink.broker.cluster.coordinator import NotClusterCoordinator
-from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error
 from mink.storage import controlplane as md
@@ -183,8 +183,8 @@ def _colliding_topic(name: str, topics) -> str | None:
 async def create_topic(node, plan: Plan) -> uuid.UUID:
     """Create the topic and wait until this node's view has it; Refused on a known refusal."""
     try:
-        created = await node.create_topic(plan.name, plan.partitions, plan.configs,
-                                          plan.leaders)
+        created = await node.topic_admin.create_topic(plan.name, plan.partitions,
+                                                      plan.configs, plan.leaders)
     except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.TopicExists:

@@ -48,7 +48,7 @@ async def _delete(node, name: str, index: int, offset: int) -> tuple[ErrorCode, 
     try:
         low_watermark = await delete_records(
             node.metadata, partition_log.topic_id, index, partition_log.leader_epoch,
-            node.node_id, node.node_epoch, offset)
+            node.node_id, node.membership.node_epoch, offset)
     except DeleteRecordsRefused as exc:
         return _REFUSALS.get(exc.reason, ErrorCode.unknown_server_error), -1
     except md.MetadataUnavailable as exc:

@@ -10,10 +10,10 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.cluster.coordinator import NotClusterCoordinator
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.create_topics import Refused
+from mink.broker.topics.admin import NotClusterCoordinator
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage import controlplane as md
@@ -64,7 +64,7 @@ async def handle(node, ctx, request):
                 name = known.name if known is not None else None
             results.append(build(result_schema, name=name, topic_id=topic_id or ZERO_UUID,
                                  error_code=refused.error, error_message=refused.message))
-    # node.delete_topic refreshed the view: this node closed the partitions it led; the
+    # topic_admin.delete_topic refreshed the view: this node closed the partitions it led; the
     # other nodes follow through the change log.
     ctx.applied()
     return build(schema, throttle_time=NO_THROTTLE, responses=tuple(results))
@@ -80,9 +80,9 @@ async def delete_topic(node, name: str | None, topic_id: uuid.UUID | None):
         if topic_id is not None:
             known = node.view.topic_by_id(topic_id)
             name = known.name if known is not None else None
-            deleted_id = await node.delete_topic(topic_id=topic_id)
+            deleted_id = await node.topic_admin.delete_topic(topic_id=topic_id)
         else:
-            deleted_id = await node.delete_topic(name)
+            deleted_id = await node.topic_admin.delete_topic(name)
     except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.UnknownTopic:

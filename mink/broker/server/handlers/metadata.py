@@ -23,7 +23,7 @@ async def handle(node, ctx, request):
     requested = request.topics
     every_topic = requested is None or (version == 0 and not requested)
     if not every_topic and request_allows_auto_create(request, version):
-        await node.auto_create_topics([t.name for t in requested if t.name])
+        await node.topic_admin.auto_create_topics([t.name for t in requested if t.name])
     ctx.applied()
     view: ClusterView = node.view
     # Encoding is the cost (about 100 ms for 10,000 partitions): one encoding per snapshot,

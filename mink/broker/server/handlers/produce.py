@@ -63,10 +63,10 @@ async def handle(node, ctx, request):
                           "transactions are not supported")
     deadline = trio.current_time() + request.timeout.total_seconds()
     if node.config.auto_create_topics_enable:
-        await node.auto_create_topics([t.name for t in request.topic_data
+        await node.topic_admin.auto_create_topics([t.name for t in request.topic_data
                                        if t.name not in node.view.topics])
     streams = node.streams
-    if streams is None or not node.may_lead():
+    if streams is None or not node.membership.may_lead():
         return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
     try:
         with trio.fail_at(deadline):
