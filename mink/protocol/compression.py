@@ -99,7 +99,8 @@ def _snappy_decompress(data: bytes | bytearray | memoryview) -> bytes:
     if len(view) < 16 or view[:8] != _XERIAL_MAGIC:
         return bytes(cramjam.snappy.decompress_raw(view))
     # The version/compat fields are ignored, as snappy-java does not check them
-    # strictly and some producers write them little-endian.
+    # strictly and some producers write them little-endian. (This reads back what is
+    # stored; a produced batch goes through `_snappy_bounded`, which refuses such headers.)
     out = bytearray()
     pos, end = 16, len(view)
     while pos < end:
@@ -211,8 +212,17 @@ def _gzip_bounded(view: memoryview, limit: int) -> bytes:
 
 def _snappy_bounded(view: memoryview, limit: int) -> bytes:
     """Every raw snappy block starts with its uncompressed length (a varint), which the decoder
-    holds it to: sum them before decoding anything."""
-    if len(view) < 16 or view[:8] != _XERIAL_MAGIC:
+    holds it to: sum them before decoding anything.
+
+    Stricter than `_snappy_decompress` on the xerial header, as every consumer must read what
+    is acknowledged: aiokafka takes a stream for xerial only when all 16 header bytes are
+    snappy-java's (version 1, compatible 1) and decodes anything else as raw snappy, which a
+    stream starting with the magic never is; librdkafka needs more than 20 bytes. A stream
+    with the magic and any other header is refused (no known producer writes one)."""
+    if view[:8] == _XERIAL_MAGIC and (len(view) <= 20 or view[:16] != _XERIAL_HEADER):
+        raise ValueError("xerial snappy header other than snappy-java's version 1/1, or no "
+                         "block after it")
+    if view[:8] != _XERIAL_MAGIC:
         size = cramjam.snappy.decompress_raw_len(view)
         if size > limit:
             raise DecompressedTooLarge(SNAPPY, limit, size)
