@@ -380,7 +380,8 @@ def test_a_loose_header_bound_falls_back_to_exact_decoding(codec):
     block = 128 << 10 if codec == codecs.ZSTD else 64 << 10
     data = os.urandom(4096) * (11 * block // 4096) + b"tail"
     payload = (zstandard.ZstdCompressor(write_content_size=False).compress(data)
-               if codec == codecs.ZSTD else lz4.frame.compress(data, store_size=False))
+               if codec == codecs.ZSTD else lz4.frame.compress(data, store_size=False,
+                                                                   block_linked=False))
     limit = len(data) + 1000
     assert codecs.decompress(codec, payload, limit) == data
     with pytest.raises(codecs.DecompressedTooLarge):
@@ -552,6 +553,85 @@ def test_snappy_payload_every_client_reads_passes_and_reads_alike(payload):
     _readers_agree(batch, codecs.SNAPPY)
 
 
+def _lz4(data: bytes, **options) -> bytes:
+    return lz4.frame.compress(data, block_linked=False, **options)
+
+
+def _xxh32(data: bytes) -> int:
+    """XXH32 with seed 0 for inputs under 16 bytes (an LZ4 frame descriptor)."""
+    p1, p2, p3, p4, p5, mask = 2654435761, 2246822519, 3266489917, 668265263, 374761393, 2**32 - 1
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    assert len(data) < 16
+    h, pos = (p5 + len(data)) & mask, 0
+    while pos + 4 <= len(data):
+        h = rotl((h + int.from_bytes(data[pos : pos + 4], "little") * p3) & mask, 17) * p4 & mask
+        pos += 4
+    for byte in data[pos:]:
+        h = rotl((h + byte * p5) & mask, 11) * p1 & mask
+    h = (h ^ (h >> 15)) * p2 & mask
+    h = (h ^ (h >> 13)) * p3 & mask
+    return h ^ (h >> 16)
+
+
+def _with_dictionary_id(frame: bytes) -> bytes:
+    """The frame with FLG's dictionary-id bit and a dictionary id 0 (header checksum fixed)."""
+    assert not frame[4] & 0x08  # no content size: the descriptor is FLG, BD, HC
+    assert frame[6] == (_xxh32(frame[4:6]) >> 8) & 0xFF  # the checksum as the frame has it
+    descriptor = bytes([frame[4] | 0x01, frame[5]]) + bytes(4)
+    checksum = (_xxh32(descriptor) >> 8) & 0xFF
+    return frame[:4] + descriptor + bytes([checksum]) + frame[7:]
+
+
+_LZ4_BIG = encode_records([Record(i, 0, None, b"%d" % i * 9000) for i in range(20)])
+
+
+@pytest.mark.parametrize("payload", [
+    _lz4(_SECTION[:_HALF]) + _lz4(_SECTION[_HALF:]), _SKIPPABLE + _lz4(_SECTION),
+    _lz4(_SECTION) + _SKIPPABLE, _lz4(_SECTION) + b"\x00",
+], ids=["two-frames", "leading-skippable", "trailing-skippable", "trailing-zero"])
+def test_regression_lz4_payload_other_than_one_frame_is_corrupt_message(payload):
+    # cramjam reads them all; kafka-python's lz4 reads the first frame only (fewer records, or
+    # none after a skippable frame), librdkafka refuses bytes after the first frame, and
+    # Kafka's KafkaLZ4BlockInputStream needs the LZ4 magic first.
+    batch = wrap_section(payload, len(_RECORDS), compression=codecs.LZ4, base_timestamp=NOW)
+    refused(batch, log_validator.CORRUPT_MESSAGE)
+
+
+@pytest.mark.parametrize("payload", [
+    lz4.frame.compress(_LZ4_BIG, block_linked=True), bytes(cramjam.lz4.compress(_SECTION)),
+], ids=["python-lz4-linked", "cramjam-default"])
+def test_regression_lz4_dependent_blocks_are_corrupt_message(payload):
+    # Kafka refuses them ("Dependent block stream is unsupported", KIP-57), so Java
+    # consumers cannot read them; no Kafka producer writes them.
+    assert not payload[4] & 0x20
+    count = 20 if len(payload) > 1000 else len(_RECORDS)
+    refused(wrap_section(payload, count, compression=codecs.LZ4, base_timestamp=NOW),
+            log_validator.CORRUPT_MESSAGE)
+
+
+def test_lz4_dictionary_id_is_corrupt_message():
+    # Kafka's reader takes FLG bit 0 for a reserved bit that must be 0.
+    payload = _with_dictionary_id(_lz4(_SECTION, store_size=False))
+    assert lz4.frame.decompress(payload) == _SECTION  # a frame the lz4 library reads
+    refused(wrap_section(payload, len(_RECORDS), compression=codecs.LZ4, base_timestamp=NOW),
+            log_validator.CORRUPT_MESSAGE)
+
+
+@pytest.mark.parametrize("payload", [
+    _lz4(_SECTION), _lz4(_LZ4_BIG, block_checksum=True, content_checksum=True),
+    _lz4(_SECTION, store_size=False), codecs.compress(codecs.LZ4, _LZ4_BIG),
+], ids=["one-frame", "checksums", "no-content-size", "mink-compress"])
+def test_lz4_payload_every_client_reads_passes_and_reads_alike(payload):
+    assert payload[4] & 0x20  # independent blocks, Mink's own compress included
+    count = 20 if len(payload) > 1000 else len(_RECORDS)
+    batch = wrap_section(payload, count, compression=codecs.LZ4, base_timestamp=NOW)
+    assert isinstance(validate(batch), ValidBatch)
+    _readers_agree(batch, codecs.LZ4)
+
+
 def _fuzz_records(rng: random.Random) -> list[Record]:
     return [Record(i, rng.randint(0, 50),
                    None if rng.random() < 0.3 else rng.randbytes(rng.randint(0, 12)),
@@ -569,6 +649,16 @@ def _fuzz_compress(codec: int, section: bytes, rng: random.Random) -> bytes:
                      write_content_size=rng.random() < 0.7)
     if codec == codecs.SNAPPY and rng.random() < 0.4:
         return bytes(cramjam.snappy.compress_raw(section))
+    if codec in (codecs.ZSTD, codecs.LZ4) and rng.random() < 0.3:
+        # Framings Kafka producers do not write but a decoder may take: the records split
+        # over two frames, a skippable frame, LZ4's dependent blocks.
+        cut = rng.randint(0, len(section))
+        if rng.random() < 0.5:
+            return _fuzz_compress(codec, section[:cut], rng) + _fuzz_compress(
+                codec, section[cut:], rng)
+        if codec == codecs.LZ4 and rng.random() < 0.5:
+            return bytes(cramjam.lz4.compress(section))  # dependent blocks
+        return _SKIPPABLE + _fuzz_compress(codec, section, rng)
     return codecs.compress(codec, section)
 
 

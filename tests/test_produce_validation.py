@@ -156,6 +156,23 @@ async def test_regression_xerial_header_other_than_version_1_1(node):
                             {CORRUPT_MESSAGE})
 
 
+@pytest.mark.parametrize("framing", ["two-frames", "dependent-blocks"])
+async def test_regression_lz4_framing_kafka_readers_refuse(node, framing):
+    # Acknowledged before: cramjam reads both, but kafka-python's lz4 reads the first frame
+    # only and librdkafka refuses bytes after it; Kafka refuses dependent blocks (KIP-57),
+    # which Java consumers cannot read.
+    import cramjam
+    import lz4.frame
+
+    section = encode_records(values(2))
+    half = len(encode_records(values(1)))
+    payload = (lz4.frame.compress(section[:half], block_linked=False)
+               + lz4.frame.compress(section[half:], block_linked=False)
+               if framing == "two-frames" else bytes(cramjam.lz4.compress(section)))
+    await refuse_then_serve(node, f"lz4-{framing}",
+                            wrap_section(payload, 2, compression=codecs.LZ4), {CORRUPT_MESSAGE})
+
+
 def _payloads_every_client_reads() -> list[tuple[int, bytes, int]]:
     """(codec, payload, count): the framings Mink accepts beyond the plain ones."""
     import cramjam
@@ -181,6 +198,7 @@ def _payloads_every_client_reads() -> list[tuple[int, bytes, int]]:
         (codecs.SNAPPY, bytes(cramjam.snappy.compress_raw(both)), 4),  # as librdkafka writes
         (codecs.SNAPPY, xerial(both[:half], b"", both[half:]), 4),
         (codecs.NONE, _one_record_with_attributes(0x7F), 1),
+        (codecs.LZ4, codecs.compress(codecs.LZ4, both), 4),  # Mink's own: independent blocks
     ]
 
 
@@ -260,7 +278,8 @@ def fuzz_cases(draw) -> tuple[str, bytes, set[int]]:
     codec = draw(st.sampled_from(CODECS))
     now = int(time.time() * 1000)
     kind = draw(st.sampled_from(["valid", "crc", "records", "payload", "garbage_payload",
-                                 "count", "offset_deltas", "attributes", "xerial_header"]))
+                                 "count", "offset_deltas", "attributes", "xerial_header",
+                                 "framing"]))
     if kind == "valid":
         return kind, records_batch(records, compression=codec, base_timestamp=now), {0}
     if kind == "crc":
@@ -302,6 +321,29 @@ def fuzz_cases(draw) -> tuple[str, bytes, set[int]]:
         for position in draw(st.lists(st.integers(8, 15), min_size=1, max_size=3)):
             section[position] = draw(st.sampled_from([0, 1, 2, 0x80, 0xFF]))
         return kind, wrap_section(bytes(section), len(records), compression=codecs.SNAPPY,
+                                  base_timestamp=now), {0, CORRUPT_MESSAGE}
+    if kind == "framing":
+        # Framings a decoder takes but some Kafka reader does not: records over two zstd or
+        # LZ4 frames, skippable frames, LZ4's dependent blocks.
+        import cramjam
+        import zstandard
+
+        section = encode_records(records)
+        cut = draw(st.integers(0, len(section)))
+        skippable = (0x184D2A50).to_bytes(4, "little") + (2).to_bytes(4, "little") + b"sk"
+        codec = draw(st.sampled_from([codecs.ZSTD, codecs.LZ4]))
+        frame = (zstandard.ZstdCompressor().compress if codec == codecs.ZSTD
+                 else lambda data: codecs.compress(codecs.LZ4, data))
+        how = draw(st.sampled_from(["split", "skippable-first", "skippable-last", "dependent"]))
+        if how == "split":
+            payload = frame(section[:cut]) + frame(section[cut:])
+        elif how == "skippable-first":
+            payload = skippable + frame(section)
+        elif how == "skippable-last":
+            payload = frame(section) + skippable
+        else:
+            codec, payload = codecs.LZ4, bytes(cramjam.lz4.compress(section))
+        return kind, wrap_section(payload, len(records), compression=codec,
                                   base_timestamp=now), {0, CORRUPT_MESSAGE}
     # "records" mangles the uncompressed section, "payload" the compressed one; CRC fixed.
     if kind == "records":
