@@ -388,10 +388,12 @@ def test_a_loose_header_bound_falls_back_to_exact_decoding(codec):
         codecs.decompress(codec, payload, len(data) - 1)
 
 
-def test_multi_member_gzip_is_read_whole_and_bounded():
+def test_multi_member_gzip_is_bounded_then_refused():
     data = b"member one " * 1000, b"member two " * 1000
     payload = gzip.compress(data[0]) + gzip.compress(data[1])
-    assert codecs.decompress(codecs.GZIP, payload, 22_000) == b"".join(data)
+    assert codecs.decompress(codecs.GZIP, payload) == b"".join(data)  # reading back: whole
+    with pytest.raises(ValueError, match="2 gzip members"):
+        codecs.decompress(codecs.GZIP, payload, 22_000)
     with pytest.raises(codecs.DecompressedTooLarge):
         codecs.decompress(codecs.GZIP, payload, 21_999)
     with pytest.raises(ValueError):
@@ -426,6 +428,10 @@ def _readers_agree(batch: bytes, codec: int) -> None:
         assert readers.librdkafka_zstd(payload) == section
     if codec == codecs.SNAPPY:
         assert readers.librdkafka_snappy(payload) == section
+    if codec == codecs.GZIP:
+        assert readers.librdkafka_gzip(payload) == section
+    if codec == codecs.LZ4:
+        assert readers.librdkafka_lz4(payload) == section
 
 
 def _reads_otherwise(read, batch: bytes, sent) -> bool:
@@ -632,6 +638,14 @@ def test_lz4_payload_every_client_reads_passes_and_reads_alike(payload):
     _readers_agree(batch, codecs.LZ4)
 
 
+def test_regression_gzip_records_over_two_members_are_corrupt_message():
+    # Acknowledged before, and read by librdkafka without its second member's records: its
+    # consumers skipped them silently (offsets 0, 1, then the next batch's 4, on a live node).
+    payload = gzip.compress(_SECTION[:_HALF]) + gzip.compress(_SECTION[_HALF:])
+    refused(wrap_section(payload, len(_RECORDS), compression=codecs.GZIP, base_timestamp=NOW),
+            log_validator.CORRUPT_MESSAGE)
+
+
 def _fuzz_records(rng: random.Random) -> list[Record]:
     return [Record(i, rng.randint(0, 50),
                    None if rng.random() < 0.3 else rng.randbytes(rng.randint(0, 12)),
@@ -649,7 +663,7 @@ def _fuzz_compress(codec: int, section: bytes, rng: random.Random) -> bytes:
                      write_content_size=rng.random() < 0.7)
     if codec == codecs.SNAPPY and rng.random() < 0.4:
         return bytes(cramjam.snappy.compress_raw(section))
-    if codec in (codecs.ZSTD, codecs.LZ4) and rng.random() < 0.3:
+    if codec in (codecs.ZSTD, codecs.LZ4, codecs.GZIP) and rng.random() < 0.3:
         # Framings Kafka producers do not write but a decoder may take: the records split
         # over two frames, a skippable frame, LZ4's dependent blocks.
         cut = rng.randint(0, len(section))

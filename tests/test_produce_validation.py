@@ -173,6 +173,18 @@ async def test_regression_lz4_framing_kafka_readers_refuse(node, framing):
                             wrap_section(payload, 2, compression=codecs.LZ4), {CORRUPT_MESSAGE})
 
 
+async def test_regression_gzip_records_over_two_members(node):
+    # Acknowledged before: librdkafka inflates the first member only, and its consumers
+    # skipped the second member's records without an error.
+    import gzip
+
+    section = encode_records(values(2))
+    half = len(encode_records(values(1)))
+    payload = gzip.compress(section[:half]) + gzip.compress(section[half:])
+    await refuse_then_serve(node, "gzip-members",
+                            wrap_section(payload, 2, compression=codecs.GZIP), {CORRUPT_MESSAGE})
+
+
 def _payloads_every_client_reads() -> list[tuple[int, bytes, int]]:
     """(codec, payload, count): the framings Mink accepts beyond the plain ones."""
     import cramjam
@@ -324,16 +336,16 @@ def fuzz_cases(draw) -> tuple[str, bytes, set[int]]:
                                   base_timestamp=now), {0, CORRUPT_MESSAGE}
     if kind == "framing":
         # Framings a decoder takes but some Kafka reader does not: records over two zstd or
-        # LZ4 frames, skippable frames, LZ4's dependent blocks.
+        # LZ4 frames or gzip members, skippable frames, LZ4's dependent blocks.
         import cramjam
         import zstandard
 
         section = encode_records(records)
         cut = draw(st.integers(0, len(section)))
         skippable = (0x184D2A50).to_bytes(4, "little") + (2).to_bytes(4, "little") + b"sk"
-        codec = draw(st.sampled_from([codecs.ZSTD, codecs.LZ4]))
+        codec = draw(st.sampled_from([codecs.ZSTD, codecs.LZ4, codecs.GZIP]))
         frame = (zstandard.ZstdCompressor().compress if codec == codecs.ZSTD
-                 else lambda data: codecs.compress(codecs.LZ4, data))
+                 else lambda data: codecs.compress(codec, data))
         how = draw(st.sampled_from(["split", "skippable-first", "skippable-last", "dependent"]))
         if how == "split":
             payload = frame(section[:cut]) + frame(section[cut:])

@@ -189,10 +189,15 @@ def _into_capped_buffer(module, codec: int, view: memoryview, limit: int) -> byt
 
 
 def _gzip_bounded(view: memoryview, limit: int) -> bytes:
-    """Inflate member after member (Java's GZIPInputStream reads concatenated members), at most
-    1 MiB a step and never past one byte over the limit: a bomb costs the limit, once."""
+    """Inflate member after member, at most 1 MiB a step and never past one byte over the
+    limit: a bomb costs the limit, once.
+
+    Then refuse more than one member, though Java's GZIPInputStream reads them all:
+    librdkafka inflates the first member only and its consumers silently skip the records of
+    the others (a producer writes one member). Counted at the end, so that a bomb of many
+    members is still found too large."""
     parts = []
-    total = 0
+    total = members = 0
     data = view
     while True:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -210,7 +215,10 @@ def _gzip_bounded(view: memoryview, limit: int) -> bytes:
             if not inflater.eof and len(part) < wanted:  # the input ran out mid-member
                 raise ValueError("truncated gzip member")
         data = inflater.unused_data
+        members += 1
         if not data:
+            if members > 1:
+                raise ValueError(f"{members} gzip members: librdkafka reads the first only")
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 

@@ -9,12 +9,15 @@ validator accepts every client reads, and reads alike.
   libzstd), snappy takes xerial framing only past 20 bytes with the 8-byte magic, refuses
   empty and trailing chunks and an empty result (rdkafka_msgset_reader.c, snappy-java
   framing); the raw snappy blocks go to cramjam, as librdkafka's decoder holds the same format.
+  gzip is one inflate stream (rdgz.c): the first member only, whatever follows ignored; LZ4 is
+  one frame, refused when bytes follow it (rdkafka_lz4.c).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import zlib
 
 import cramjam
 from aiokafka.record.default_records import DefaultRecordBatch as AiokafkaBatch
@@ -102,3 +105,20 @@ def librdkafka_snappy(payload: bytes) -> bytes:
     if not out:
         raise ValueError("librdkafka: empty snappy-java framed data")
     return bytes(out)
+
+
+def librdkafka_gzip(payload: bytes) -> bytes:
+    inflater = zlib.decompressobj(15 + 32)
+    out = inflater.decompress(payload)
+    if not inflater.eof:
+        raise ValueError("librdkafka: truncated gzip (it would return the part it has)")
+    return out
+
+
+def librdkafka_lz4(payload: bytes) -> bytes:
+    import lz4.frame
+
+    out, read = lz4.frame.decompress(payload, return_bytes_read=True)
+    if read != len(payload):
+        raise ValueError("librdkafka: bytes remaining after the LZ4 frame")
+    return out
