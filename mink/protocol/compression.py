@@ -3,6 +3,10 @@
 Mink stores batches compressed exactly as the producer sent them; it decompresses
 each produced batch once to validate its records (`log_validator.py`, as Kafka
 does), and for reading records back and building batches ourselves.
+
+`decompress(..., max_size)` is the Produce path: bounded, and strict on framing, so that what
+is acknowledged every client decodes to the same bytes (see `_snappy_bounded`,
+`_gzip_bounded`, `_lz4_bound`); without `max_size` it reads back leniently what is stored.
 """
 
 from __future__ import annotations
