@@ -24,8 +24,8 @@ from kio.index import load_request_schema
 from mink.client import KafkaClient
 from mink.protocol import compression as codecs
 from mink.protocol.messages import build, nested
-from mink.protocol.records import Record, encode_records, iter_batches
-from tests.support import bombs
+from mink.protocol.records import Record, encode_records, iter_batches, iter_records
+from tests.support import bombs, readers
 from tests.support.batches import records_batch, values, wrap_section
 from tests.support.nodes import node_config, require_tool, start_node
 from tests.support.raw import produce_request
@@ -59,6 +59,17 @@ def kafka_python_read(batch: bytes) -> list[tuple[int, bytes | None, bytes | Non
     reader = DefaultRecordBatch(batch)
     assert reader.validate_crc()
     return [(r.offset, r.key, r.value) for r in reader]
+
+
+def read_alike(batch: bytes) -> list[tuple[int, bytes | None, bytes | None]]:
+    """kafka-python's reading of `batch`, having checked that aiokafka's reader reads the
+    same and that both read what Kafka reads (Mink's decoding, as DefaultRecord.readFrom)."""
+    base = DefaultRecordBatch(batch).base_offset
+    as_kafka = [(base + r.offset_delta, r.key, r.value, list(r.headers))
+                for r in iter_records(batch)]
+    assert readers.kafka_python_records(batch) == as_kafka, "kafka-python reads otherwise"
+    assert readers.aiokafka_records(batch) == as_kafka, "aiokafka reads otherwise"
+    return [(offset, key, value) for offset, key, value, _ in as_kafka]
 
 
 async def refuse_then_serve(node: str, topic: str, bad: bytes, codes: set[int]) -> None:
@@ -120,6 +131,115 @@ async def test_regression_bad_lengths(node, where):
                             {INVALID_RECORD})
 
 
+def _one_record_with_attributes(attributes: int) -> bytes:
+    section = bytearray(encode_records([Record(0, 0, b"k", b"value")]))
+    section[1] = attributes  # after the one-byte record length
+    return bytes(section)
+
+
+@pytest.mark.parametrize("codec", [codecs.NONE, codecs.ZSTD], ids=codecs.CODEC_NAMES.get)
+async def test_regression_record_attributes_with_the_top_bit(node, codec):
+    # Acknowledged before: kafka-python and aiokafka read the attributes byte as a varint and
+    # misread the record (found by the fuzz test in a damaged zstd payload).
+    await refuse_then_serve(node, "record-attributes",
+                            wrap_section(codecs.compress(codec, _one_record_with_attributes(0x80)),
+                                         1, compression=codec), {INVALID_RECORD})
+
+
+async def test_regression_xerial_header_other_than_version_1_1(node):
+    # Acknowledged before: aiokafka decodes a stream whose header is not snappy-java's 1/1 as
+    # raw snappy and fails on it.
+    section = bytearray(codecs.compress(codecs.SNAPPY, encode_records(values(2))))
+    section[8:16] = (1).to_bytes(4, "little") * 2
+    await refuse_then_serve(node, "xerial-header",
+                            wrap_section(bytes(section), 2, compression=codecs.SNAPPY),
+                            {CORRUPT_MESSAGE})
+
+
+@pytest.mark.parametrize("framing", ["two-frames", "dependent-blocks"])
+async def test_regression_lz4_framing_kafka_readers_refuse(node, framing):
+    # Acknowledged before: cramjam reads both, but kafka-python's lz4 reads the first frame
+    # only and librdkafka refuses bytes after it; Kafka refuses dependent blocks (KIP-57),
+    # which Java consumers cannot read.
+    import cramjam
+    import lz4.frame
+
+    section = encode_records(values(2))
+    half = len(encode_records(values(1)))
+    payload = (lz4.frame.compress(section[:half], block_linked=False)
+               + lz4.frame.compress(section[half:], block_linked=False)
+               if framing == "two-frames" else bytes(cramjam.lz4.compress(section)))
+    await refuse_then_serve(node, f"lz4-{framing}",
+                            wrap_section(payload, 2, compression=codecs.LZ4), {CORRUPT_MESSAGE})
+
+
+async def test_regression_gzip_records_over_two_members(node):
+    # Acknowledged before: librdkafka inflates the first member only, and its consumers
+    # skipped the second member's records without an error.
+    import gzip
+
+    section = encode_records(values(2))
+    half = len(encode_records(values(1)))
+    payload = gzip.compress(section[:half]) + gzip.compress(section[half:])
+    await refuse_then_serve(node, "gzip-members",
+                            wrap_section(payload, 2, compression=codecs.GZIP), {CORRUPT_MESSAGE})
+
+
+def _payloads_every_client_reads() -> list[tuple[int, bytes, int]]:
+    """(codec, payload, count): the framings Mink accepts beyond the plain ones."""
+    import cramjam
+    import zstandard
+
+    first, second = values(2), [r._replace(offset_delta=r.offset_delta + 2) for r in values(2)]
+    both = encode_records(first + second)
+    half = len(encode_records(first))
+    skippable = (0x184D2A50).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+    zstd = zstandard.ZstdCompressor
+
+    def xerial(*blocks: bytes) -> bytes:
+        out = bytearray(b"\x82SNAPPY\x00" + (1).to_bytes(4, "big") * 2)
+        for block in blocks:
+            compressed = bytes(cramjam.snappy.compress_raw(block))
+            out += len(compressed).to_bytes(4, "big") + compressed
+        return bytes(out)
+
+    return [
+        (codecs.ZSTD, zstd().compress(both[:half]) + zstd().compress(both[half:]), 4),
+        (codecs.ZSTD, skippable + zstd(write_checksum=True).compress(both) + skippable, 4),
+        (codecs.ZSTD, zstd(write_content_size=False).compress(both) + zstd().compress(b""), 4),
+        (codecs.SNAPPY, bytes(cramjam.snappy.compress_raw(both)), 4),  # as librdkafka writes
+        (codecs.SNAPPY, xerial(both[:half], b"", both[half:]), 4),
+        (codecs.NONE, _one_record_with_attributes(0x7F), 1),
+        (codecs.LZ4, codecs.compress(codecs.LZ4, both), 4),  # Mink's own: independent blocks
+    ]
+
+
+async def test_framings_mink_accepts_are_read_by_every_client(node):
+    """librdkafka (confluent-kafka and kcat) over the wire, kafka-python and aiokafka on the
+    fetched batches: the zstd and snappy framings the validator lets through read alike."""
+    client = await KafkaClient.connect(node)
+    topic, expected = "framings", []
+    try:
+        for codec, payload, count in _payloads_every_client_reads():
+            batch = wrap_section(payload, count, compression=codec)
+            result = await produce(client, topic, batch)
+            assert int(result.error_code) == 0, (codecs.CODEC_NAMES[codec], result)
+            expected += [(k, v) for _, k, v in read_alike(batch)]
+        stored = [r for b in await fetch_batches(client, topic) for r in read_alike(b)]
+        assert [(k, v) for _, k, v in stored] == expected
+    finally:
+        await client.aclose()
+    got = await trio.to_thread.run_sync(confluent_read_all, node, topic, len(expected))
+    assert [(k, v) for _, k, v in got] == expected
+    kcat = require_tool("kcat")
+    with trio.fail_after(30):
+        listed = await trio.run_process(
+            [kcat, "-b", node, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-q",
+             "-f", "%o\\n"], capture_stdout=True, capture_stderr=True)
+    assert listed.stdout.decode().split() == [str(i) for i in range(len(expected))]
+    assert b"ERROR" not in listed.stderr.upper(), listed.stderr
+
+
 async def test_time_index_uses_the_computed_max_timestamp(node):
     client = await KafkaClient.connect(node)
     base = int(time.time() * 1000) - 60_000
@@ -170,7 +290,8 @@ def fuzz_cases(draw) -> tuple[str, bytes, set[int]]:
     codec = draw(st.sampled_from(CODECS))
     now = int(time.time() * 1000)
     kind = draw(st.sampled_from(["valid", "crc", "records", "payload", "garbage_payload",
-                                 "count", "offset_deltas"]))
+                                 "count", "offset_deltas", "attributes", "xerial_header",
+                                 "framing"]))
     if kind == "valid":
         return kind, records_batch(records, compression=codec, base_timestamp=now), {0}
     if kind == "crc":
@@ -193,6 +314,49 @@ def fuzz_cases(draw) -> tuple[str, bytes, set[int]]:
         garbage = draw(st.binary(min_size=1, max_size=80))
         return kind, wrap_section(garbage, len(records), compression=codec,
                                   base_timestamp=now), {0, CORRUPT_MESSAGE, INVALID_RECORD}
+    if kind == "attributes":
+        # A record's attributes byte (unused in v2): any value to Java and librdkafka, a
+        # varint to kafka-python and aiokafka, so one with the top bit set they misread.
+        section = bytearray(encode_records(records))
+        position, index = 0, draw(st.integers(0, len(records) - 1))
+        for _ in range(index):
+            length, size_bytes = _varint_at(section, position)
+            position += size_bytes + length
+        position += _varint_at(section, position)[1]
+        section[position] = draw(st.integers(0, 255))
+        return kind, wrap_section(codecs.compress(codec, bytes(section)), len(records),
+                                  compression=codec, base_timestamp=now), {0, INVALID_RECORD}
+    if kind == "xerial_header":
+        # Version and compatible version of snappy-java's framing: aiokafka takes the stream
+        # for xerial only when they are 1 and 1 (big-endian) and fails on any other.
+        section = bytearray(codecs.compress(codecs.SNAPPY, encode_records(records)))
+        for position in draw(st.lists(st.integers(8, 15), min_size=1, max_size=3)):
+            section[position] = draw(st.sampled_from([0, 1, 2, 0x80, 0xFF]))
+        return kind, wrap_section(bytes(section), len(records), compression=codecs.SNAPPY,
+                                  base_timestamp=now), {0, CORRUPT_MESSAGE}
+    if kind == "framing":
+        # Framings a decoder takes but some Kafka reader does not: records over two zstd or
+        # LZ4 frames or gzip members, skippable frames, LZ4's dependent blocks.
+        import cramjam
+        import zstandard
+
+        section = encode_records(records)
+        cut = draw(st.integers(0, len(section)))
+        skippable = (0x184D2A50).to_bytes(4, "little") + (2).to_bytes(4, "little") + b"sk"
+        codec = draw(st.sampled_from([codecs.ZSTD, codecs.LZ4, codecs.GZIP]))
+        frame = (zstandard.ZstdCompressor().compress if codec == codecs.ZSTD
+                 else lambda data: codecs.compress(codec, data))
+        how = draw(st.sampled_from(["split", "skippable-first", "skippable-last", "dependent"]))
+        if how == "split":
+            payload = frame(section[:cut]) + frame(section[cut:])
+        elif how == "skippable-first":
+            payload = skippable + frame(section)
+        elif how == "skippable-last":
+            payload = frame(section) + skippable
+        else:
+            codec, payload = codecs.LZ4, bytes(cramjam.lz4.compress(section))
+        return kind, wrap_section(payload, len(records), compression=codec,
+                                  base_timestamp=now), {0, CORRUPT_MESSAGE}
     # "records" mangles the uncompressed section, "payload" the compressed one; CRC fixed.
     if kind == "records":
         codec = codecs.NONE
@@ -205,6 +369,18 @@ def fuzz_cases(draw) -> tuple[str, bytes, set[int]]:
                                                              INVALID_RECORD}
     return kind, wrap_section(bytes(section), len(records), compression=codec,
                               base_timestamp=now), codes
+
+
+def _varint_at(data: bytes | bytearray, position: int) -> tuple[int, int]:
+    """(zigzag varint value, its size in bytes) at `position`."""
+    value = shift = size = 0
+    while True:
+        byte = data[position + size]
+        value |= (byte & 0x7F) << shift
+        size += 1
+        shift += 7
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), size
 
 
 def good_producer(address: str, topic: str, stop: threading.Event, report: dict) -> None:
@@ -258,21 +434,13 @@ def confluent_read_all(address: str, topic: str, expected: int, timeout: float =
     return out
 
 
-# Known open bug (issue 12, left open): a damaged zstd or snappy payload that cramjam
-# decompresses without complaint can decompress differently in kafka-python's codecs, so
-# Mink may acknowledge a batch that kafka-python cannot read (a standalone loop over the same
-# mangling finds one in about 200 batches). The batches depend on the clock, so this test
-# fails on some runs and not others; it stays in the suite, reported, until the validator
-# refuses payloads the reference decoders would read differently.
-@pytest.mark.xfail(reason="open: damaged zstd/snappy payloads decompress differently in "
-                          "cramjam and kafka-python (issue 12)", strict=False)
 @settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(cases=st.lists(fuzz_cases(), min_size=25, max_size=40))
 def test_fuzzed_produce_path(pg_url, store_url, cases):
-    """Every acknowledged batch reads back with kafka-python's reader, kcat and
-    confluent-kafka; every refused one has the right code; the node stays up and a good
+    """Every acknowledged batch reads alike in kafka-python's and aiokafka's readers (as
+    Kafka reads it) and back from the node in kcat and confluent-kafka; every refused one has the right code; the node stays up and a good
     producer beside the fuzzer never stalls. (A sync test with its own trio.run per
     example: pytest-trio's Hypothesis support would set the fixtures up per example.)"""
     kcat = require_tool("kcat")
@@ -315,9 +483,10 @@ async def _fuzz(node: str, kcat: str, topic: str, cases) -> None:
         if code == 0:
             # Accepted: the independent reader must read it as it was sent.
             try:
-                sent = kafka_python_read(batch)
+                sent = read_alike(batch)
             except Exception as exc:  # noqa: BLE001
-                pytest.fail(f"{kind}: acknowledged a batch kafka-python cannot read: {exc}")
+                pytest.fail(f"{kind}: acknowledged a batch the clients cannot read alike: "
+                            f"{exc!r} {batch.hex()}")
             assert [o for o, _, _ in sent] == list(range(len(sent))), kind
             expected += [(k, v) for _, k, v in sent]
     if not expected:

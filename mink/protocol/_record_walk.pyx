@@ -97,9 +97,11 @@ def walk_records(data, Py_ssize_t count, int64_t base_timestamp, int64_t timesta
             return (f"invalid record size: expected {size} bytes in record {index}, but only "
                     f"{end - pos} remain"), max_timestamp, errors
         start = pos
-        pos += 1
-        if pos > end:
+        if pos >= end:
             return "premature end of the records", max_timestamp, errors
+        if buf[pos] & 0x80:  # see record_walk.py: a varint to kafka-python and aiokafka
+            return f"invalid attributes 0x{buf[pos]:02x} in record {index}", max_timestamp, errors
+        pos += 1
         status = read_varlong(buf, &pos, end, &timestamp_delta)
         if status:
             return _varint_error(status, "long"), max_timestamp, errors

@@ -3,6 +3,10 @@
 Mink stores batches compressed exactly as the producer sent them; it decompresses
 each produced batch once to validate its records (`log_validator.py`, as Kafka
 does), and for reading records back and building batches ourselves.
+
+`decompress(..., max_size)` is the Produce path: bounded, and strict on framing, so that what
+is acknowledged every client decodes to the same bytes (see `_snappy_bounded`,
+`_gzip_bounded`, `_lz4_bound`); without `max_size` it reads back leniently what is stored.
 """
 
 from __future__ import annotations
@@ -86,7 +90,11 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     if codec == SNAPPY:
         return _snappy_compress_xerial(data)
     if codec == LZ4:
-        return bytes(cramjam.lz4.compress(data))
+        # Independent blocks, as KafkaLZ4BlockOutputStream writes them: Java readers refuse a
+        # frame without the block-independence flag (KIP-57), and so does the validator.
+        compressor = cramjam.lz4.Compressor(block_linked=False)
+        compressor.compress(data)
+        return bytes(compressor.finish())
     if codec == ZSTD:
         return bytes(cramjam.zstd.compress(data))
     raise UnknownCodec(f"unknown compression codec {codec}")
@@ -99,7 +107,8 @@ def _snappy_decompress(data: bytes | bytearray | memoryview) -> bytes:
     if len(view) < 16 or view[:8] != _XERIAL_MAGIC:
         return bytes(cramjam.snappy.decompress_raw(view))
     # The version/compat fields are ignored, as snappy-java does not check them
-    # strictly and some producers write them little-endian.
+    # strictly and some producers write them little-endian. (This reads back what is
+    # stored; a produced batch goes through `_snappy_bounded`, which refuses such headers.)
     out = bytearray()
     pos, end = 16, len(view)
     while pos < end:
@@ -132,7 +141,7 @@ def _snappy_compress_xerial(data: bytes | bytearray | memoryview) -> bytes:
 
 _UINT32_LE = struct.Struct("<I")
 _UINT64_LE = struct.Struct("<Q")
-_SKIPPABLE_MIN, _SKIPPABLE_MAX = 0x184D2A50, 0x184D2A5F  # skippable frames (lz4 and zstd)
+_SKIPPABLE_MIN, _SKIPPABLE_MAX = 0x184D2A50, 0x184D2A5F  # skippable frames (zstd reads them)
 _LZ4_MAGIC = 0x184D2204
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}  # BD bits 6-4
 _ZSTD_MAGIC = 0xFD2FB528
@@ -184,10 +193,15 @@ def _into_capped_buffer(module, codec: int, view: memoryview, limit: int) -> byt
 
 
 def _gzip_bounded(view: memoryview, limit: int) -> bytes:
-    """Inflate member after member (Java's GZIPInputStream reads concatenated members), at most
-    1 MiB a step and never past one byte over the limit: a bomb costs the limit, once."""
+    """Inflate member after member, at most 1 MiB a step and never past one byte over the
+    limit: a bomb costs the limit, once.
+
+    Then refuse more than one member, though Java's GZIPInputStream reads them all:
+    librdkafka inflates the first member only and its consumers silently skip the records of
+    the others (a producer writes one member). Counted at the end, so that a bomb of many
+    members is still found too large."""
     parts = []
-    total = 0
+    total = members = 0
     data = view
     while True:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -205,14 +219,26 @@ def _gzip_bounded(view: memoryview, limit: int) -> bytes:
             if not inflater.eof and len(part) < wanted:  # the input ran out mid-member
                 raise ValueError("truncated gzip member")
         data = inflater.unused_data
+        members += 1
         if not data:
+            if members > 1:
+                raise ValueError(f"{members} gzip members: librdkafka reads the first only")
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _snappy_bounded(view: memoryview, limit: int) -> bytes:
     """Every raw snappy block starts with its uncompressed length (a varint), which the decoder
-    holds it to: sum them before decoding anything."""
-    if len(view) < 16 or view[:8] != _XERIAL_MAGIC:
+    holds it to: sum them before decoding anything.
+
+    Stricter than `_snappy_decompress` on the xerial header, as every consumer must read what
+    is acknowledged: aiokafka takes a stream for xerial only when all 16 header bytes are
+    snappy-java's (version 1, compatible 1) and decodes anything else as raw snappy, which a
+    stream starting with the magic never is; librdkafka needs more than 20 bytes. A stream
+    with the magic and any other header is refused (no known producer writes one)."""
+    if view[:8] == _XERIAL_MAGIC and (len(view) <= 20 or view[:16] != _XERIAL_HEADER):
+        raise ValueError("xerial snappy header other than snappy-java's version 1/1, or no "
+                         "block after it")
+    if view[:8] != _XERIAL_MAGIC:
         size = cramjam.snappy.decompress_raw_len(view)
         if size > limit:
             raise DecompressedTooLarge(SNAPPY, limit, size)
@@ -240,50 +266,53 @@ def _snappy_bounded(view: memoryview, limit: int) -> bytes:
 
 
 def _lz4_bound(view: memoryview, limit: int) -> int:
-    """An upper bound of the decoded size of LZ4 frames, from their headers only: a frame's
+    """An upper bound of the decoded size of an LZ4 frame, from its headers only: a frame's
     declared content size over `limit` refuses it at once; otherwise each uncompressed block
-    counts its size and each compressed block the frame's maximum block size."""
-    pos, end, bound = 0, len(view), 0
-    while pos < end:
-        magic = _u32(view, pos, end)
-        if _SKIPPABLE_MIN <= magic <= _SKIPPABLE_MAX:
-            pos += 8 + _u32(view, pos + 4, end)
-            continue
-        if magic != _LZ4_MAGIC:
-            raise ValueError("not an LZ4 frame")
-        if end - pos < 7:
+    counts its size and each compressed block the frame's maximum block size.
+
+    The payload must be exactly one frame, as Kafka's readers take it: librdkafka refuses
+    anything after the first frame, kafka-python's lz4 reads the first frame only, and
+    KafkaLZ4BlockInputStream wants the LZ4 magic first (no skippable frame), independent
+    blocks and no dictionary id; a producer writes nothing else."""
+    end, bound = len(view), 0
+    if _u32(view, 0, end) != _LZ4_MAGIC:
+        raise ValueError("not an LZ4 frame")
+    if end < 7:
+        raise ValueError("truncated LZ4 frame descriptor")
+    flags, block_descriptor = view[4], view[5]
+    block_max = _LZ4_BLOCK_MAX.get((block_descriptor >> 4) & 7)
+    if flags >> 6 != 1 or block_max is None:
+        raise ValueError("invalid LZ4 frame descriptor")
+    if not flags & 0x20 or flags & 0x01:
+        raise ValueError("LZ4 frame with dependent blocks or a dictionary id: Kafka's readers "
+                         "refuse it")
+    pos = 6
+    if flags & 0x08:  # content size
+        if end - pos < 8:
             raise ValueError("truncated LZ4 frame descriptor")
-        flags, block_descriptor = view[pos + 4], view[pos + 5]
-        block_max = _LZ4_BLOCK_MAX.get((block_descriptor >> 4) & 7)
-        if flags >> 6 != 1 or block_max is None:
-            raise ValueError("invalid LZ4 frame descriptor")
-        pos += 6
-        if flags & 0x08:  # content size
-            if end - pos < 8:
-                raise ValueError("truncated LZ4 frame descriptor")
-            (content_size,) = _UINT64_LE.unpack_from(view, pos)
-            if content_size > limit:
-                raise DecompressedTooLarge(LZ4, limit, content_size)
-            pos += 8
-        if flags & 0x01:  # dictionary id
-            pos += 4
-        pos += 1  # header checksum
-        block_checksum = 4 if flags & 0x10 else 0
-        while True:
-            size = _u32(view, pos, end)
-            pos += 4
-            if size == 0:  # end mark
-                break
-            if size & 0x80000000:  # stored uncompressed
-                size &= 0x7FFFFFFF
-                bound += size
-            else:
-                bound += block_max
-            pos += size + block_checksum
-        if flags & 0x04:  # content checksum
-            pos += 4
-        if pos > end:
-            raise ValueError("truncated LZ4 frame")
+        (content_size,) = _UINT64_LE.unpack_from(view, pos)
+        if content_size > limit:
+            raise DecompressedTooLarge(LZ4, limit, content_size)
+        pos += 8
+    pos += 1  # header checksum
+    block_checksum = 4 if flags & 0x10 else 0
+    while True:
+        size = _u32(view, pos, end)
+        pos += 4
+        if size == 0:  # end mark
+            break
+        if size & 0x80000000:  # stored uncompressed
+            size &= 0x7FFFFFFF
+            bound += size
+        else:
+            bound += block_max
+        pos += size + block_checksum
+    if flags & 0x04:  # content checksum
+        pos += 4
+    if pos > end:
+        raise ValueError("truncated LZ4 frame")
+    if pos != end:
+        raise ValueError("bytes after the LZ4 frame")
     return bound
 
 

@@ -16,9 +16,14 @@ Kafka error code, KIP-467 record errors, a message). In Kafka's order:
    by `max_decompressed_bytes` (MESSAGE_TOO_LARGE past it, found from the codec's headers or
    while decoding, never by allocating the whole output: a decompression bomb must not take
    the node's memory). Kafka streams records out of the decompressor and has no such limit;
-   Mink decompresses the section whole, so it needs one.
+   Mink decompresses the section whole, so it needs one. Framing some consumer would read
+   otherwise is refused too (CORRUPT_MESSAGE), stricter than Kafka where a client is: a
+   xerial snappy header other than snappy-java's (aiokafka), more than one gzip member
+   (librdkafka reads the first), anything but one LZ4 frame with independent blocks
+   (kafka-python, librdkafka, Kafka itself); zstd frames must fill the payload exactly, as
+   librdkafka's one-shot ZSTD_decompress needs (cramjam refuses the rest already).
 3. The record walk (`record_walk.walk_records`, compiled when built): framing and lengths of
-   every record, `count` records filling the section exactly (INVALID_RECORD, no record
+   every record (and attributes without the top bit, which kafka-python reads as a varint), `count` records filling the section exactly (INVALID_RECORD, no record
    errors, as Kafka's InvalidRecordException from the iterator); then per record: offset
    deltas 0..count-1 (Kafka rebuilds a batch whose inner offsets are off; Mink refuses it with
    a record error), a key on compacted topics, timestamps within message.timestamp.before/

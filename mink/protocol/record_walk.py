@@ -26,7 +26,10 @@ those bits and kafka-python keeps them, so the two would read different lengths 
 fuzz test: a header key length read as 36 by the walk and as -28 by kafka-python). Key, value and header-value lengths below -1
 are refused (Kafka reads them as null; librdkafka refuses them, and consumers must read
 every acknowledged batch), and so are header keys that are not UTF-8 (Kafka decodes them
-with replacement characters; kafka-python and aiokafka consumers fail on them).
+with replacement characters; kafka-python and aiokafka consumers fail on them), and so are
+record attributes with the top bit set (an unused int8 to Java and librdkafka, a varint to
+kafka-python and aiokafka, which then read one byte more: found by the mangling test in
+tests/test_log_validator.py, as a different offset and a null key read by kafka-python).
 """
 
 from __future__ import annotations
@@ -109,9 +112,13 @@ def walk_records(data, count: int, base_timestamp: int, timestamp_low: int,
                 raise _Malformed(f"invalid record size: expected {size} bytes in record "
                                  f"{index}, but only {end - pos} remain")
             start = pos
-            pos += 1  # attributes: unused in v2
-            if pos > end:
+            if pos >= end:
                 raise _Malformed("premature end of the records")
+            if buf[pos] & 0x80:
+                # Unused in v2 and an int8 to Java and librdkafka, but a varint to
+                # kafka-python and aiokafka: with the top bit set they read the next byte too.
+                raise _Malformed(f"invalid attributes 0x{buf[pos]:02x} in record {index}")
+            pos += 1
             timestamp_delta, pos = _varlong(buf, pos, end)
             offset_delta, pos = _varint(buf, pos, end)
             key_length, pos = _varint(buf, pos, end)

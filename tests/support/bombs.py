@@ -55,7 +55,7 @@ def bomb(kind: str) -> tuple[int, bytes, int]:
         return codecs.SNAPPY, out, size
     if kind == "lz4":  # 200 MiB of zeros (LZ4's ratio tops out near 255)
         size = 200 * _CHUNK
-        compressor = lz4.frame.LZ4FrameCompressor()
+        compressor = lz4.frame.LZ4FrameCompressor(block_linked=False)  # as producers write
         out = compressor.begin() + b"".join(compressor.compress(_ZEROS)
                                             for _ in range(size // _CHUNK))
         return codecs.LZ4, out + compressor.flush(), size
