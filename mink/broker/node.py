@@ -16,6 +16,8 @@ from collections.abc import Callable
 import trio
 import trio_asyncio
 
+from mink.broker.admin.http import serve_admin
+from mink.broker.admin.metrics import node_metrics
 from mink.broker.cluster.coordinator import ClusterCoordinator, NotClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
 from mink.broker.cluster.lifecycle import LifecycleLoops
@@ -43,8 +45,9 @@ OPEN_CONCURRENCY = 8
 class Node:
     def __init__(self, config: Config, metadata: MetadataStore, objects) -> None:
         self.config = config
+        self.metrics = node_metrics(self)  # NULL_METRICS without an admin listener
         self.metadata = metadata
-        self.objects = objects
+        self.objects = self.metrics.observe_object_store(objects)
         self.node_id = config.node_id
         self.node_epoch = 0
         # This process: a registration of this node id by another live process is refused.
@@ -369,7 +372,7 @@ class Node:
             self.node_id, self.node_epoch, self.objects, self.metadata,
             wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
             wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
-            commit_timeout=config.commit_timeout,
+            commit_timeout=config.commit_timeout, observer=self.metrics.storage,
             on_node_fenced=lambda: self.stop_leading("a WAL commit found this node's epoch fenced"))
         await self._nursery.start(self.streams.run)
         self._nursery.start_soon(_settle_orphans, self, self.streams)
@@ -483,6 +486,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
         node._nursery = nursery
         bound = await nursery.start(serve_kafka, node, host, port,
                                     config.socket_request_max_bytes)
+        await nursery.start(serve_admin, node)  # off unless admin_listener is set
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
         await node.register_at_start()

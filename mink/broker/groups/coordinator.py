@@ -458,6 +458,7 @@ class GroupCoordinator:
         initial = group.state is EMPTY
         log.info("preparing to rebalance group %s in state %s with old generation %d (%s)",
                  group.group_id, group.state.value, group.generation, reason)
+        self.node.metrics.group_rebalance()
         group.transition_to(PREPARING)
         group.join_is_initial = initial
         if initial:
