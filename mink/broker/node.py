@@ -25,6 +25,7 @@ from mink.broker.cluster.sync import StreamInView, plan_open
 from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from mink.broker.config import Config
 from mink.broker.groups.coordinator import GroupCoordinator
+from mink.broker.logs import bind_node
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.config import validate_topic_config
@@ -353,7 +354,8 @@ class Node:
         errors until this node registers again."""
         if not self.leading:
             return
-        log.error("node %d stops leading: %s", self.node_id, why)
+        log.error("node %d stops leading: %s", self.node_id, why,
+                  extra={"event": "fence", "reason": why})
         self.leading = False
         self.coordinator.drop()
         if self.streams is not None:
@@ -482,6 +484,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                  on_started: Callable[[Node], None] | None = None) -> None:
     config = node.config
     host, port = config.listener_address()
+    bind_node(node)  # every log line of this node's tasks names it (mink/broker/logs.py)
     async with trio.open_nursery() as nursery:
         node._nursery = nursery
         bound = await nursery.start(serve_kafka, node, host, port,

@@ -83,8 +83,8 @@ class Streams:
         # One line per leadership change (here and in close / _on_fenced).
         log.info("leading %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
                  leader_epoch, state.log_start_offset, state.committed_end,
-                 extra={"topic_id": str(topic_id), "partition": partition,
-                        "leader_epoch": leader_epoch})
+                 extra={"event": "partition_opened", "topic_id": str(topic_id),
+                        "partition": partition, "leader_epoch": leader_epoch})
         self.observer.partition_opened(topic_id, partition, leader_epoch)
         return opened
 
@@ -94,7 +94,8 @@ class Streams:
             partition_log.close(error or NotLeader("partition closed on this node"))
             log.info("no longer leading %s-%d (leader epoch %d)", topic_id, partition,
                      partition_log.leader_epoch,
-                     extra={"topic_id": str(topic_id), "partition": partition,
+                     extra={"event": "partition_closed", "topic_id": str(topic_id),
+                            "partition": partition,
                             "leader_epoch": partition_log.leader_epoch})
             self.observer.partition_closed(topic_id, partition, "moved")
 

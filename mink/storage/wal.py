@@ -400,7 +400,10 @@ class WalWriter:
     def _fenced(self, log_: PartitionLog, reason: str) -> None:
         if log_.closed is None:
             log.warning("partition %s-%d refused at commit (%s): closing it", log_.topic_id,
-                        log_.partition, reason)
+                        log_.partition, reason,
+                        extra={"event": "commit_refused", "topic_id": str(log_.topic_id),
+                               "partition": log_.partition, "leader_epoch": log_.leader_epoch,
+                               "reason": reason})
             log_.close(NotLeader(f"commit refused: {reason}"))
             self.on_fenced(log_, reason)
 
