@@ -61,6 +61,75 @@ class Scraper(threading.Thread):
         self.join(10)
 
 
+def _cpu_per_call(fn, min_seconds: float) -> float:
+    """CPU seconds per call of `fn` (this process's CPU time, not wall time)."""
+    import time
+
+    fn()
+    n, start = 0, time.process_time()
+    while True:
+        fn()
+        n += 1
+        elapsed = time.process_time() - start
+        if elapsed >= min_seconds:
+            return elapsed / n
+
+
+def focused(min_seconds: float = 0.5) -> dict[str, float]:
+    """The hot-path hooks alone, per call, in this process: what one Produce request (one
+    partition) and one Fetch response (one partition, 16 batches) add with metrics on, and
+    the CPU of one scrape with 100 topics. Independent of the machine's other load."""
+    import time
+    from types import SimpleNamespace
+
+    from mink.broker.admin.metrics import NULL_METRICS, NodeMetrics
+    from mink.broker.server.handlers.fetch import _records_in
+    from mink.protocol.records import Record, build_batch
+
+    topics = {f"topic-{i}": SimpleNamespace(partitions=()) for i in range(100)}
+    node = SimpleNamespace(
+        node_id=1, node_epoch=1, leading=True, valid_until=0.0, streams=None,
+        may_lead=lambda: True, view=SimpleNamespace(version=1, brokers={1: None}, topics=topics),
+        coordinator=SimpleNamespace(is_holder=False, lease_epoch=None),
+        groups=SimpleNamespace(groups={}), config=SimpleNamespace(consumer_lag_refresh_ms=5000))
+    batch = build_batch([Record(i, 0, None, b"x" * 1024) for i in range(16)])
+    views = [memoryview(batch * 16)]
+
+    def produce_hooks(metrics):
+        def run():
+            started = time.perf_counter()
+            meters = metrics.topic("topic-7")
+            meters.bytes_in.inc(16 * 1024)
+            meters.messages_in.inc(16)
+            metrics.request(0, 9).observe(time.perf_counter() - started)
+        return run
+
+    def fetch_hooks(metrics):
+        def run():
+            started = time.perf_counter()
+            if metrics.enabled:
+                meters = metrics.topic("topic-7")
+                meters.bytes_out.inc(len(views[0]))
+                meters.messages_out.inc(_records_in(views))
+            metrics.request(1, 12).observe(time.perf_counter() - started)
+        return run
+
+    on = NodeMetrics(node)
+    for name in topics:  # every topic has its series, as after traffic to each
+        on.topic(name).bytes_in.inc(1)
+    out = {
+        "produce_hooks_on_us": 1e6 * _cpu_per_call(produce_hooks(on), min_seconds),
+        "produce_hooks_off_us": 1e6 * _cpu_per_call(produce_hooks(NULL_METRICS), min_seconds),
+        "fetch_hooks_on_us": 1e6 * _cpu_per_call(fetch_hooks(on), min_seconds),
+        "fetch_hooks_off_us": 1e6 * _cpu_per_call(fetch_hooks(NULL_METRICS), min_seconds),
+        "scrape_100_topics_ms": 1e3 * _cpu_per_call(on.exposition, min_seconds),
+        "scrape_bytes": len(on.exposition()),
+    }
+    for key, value in out.items():
+        print(f"  {key}: {value:.2f}", flush=True)
+    return out
+
+
 def cpu_s_per_gb(run: dict[str, Any]) -> float:
     """node_cpu_pct is CPU seconds per wall second in percent of one core: CPU-seconds per
     GB = (pct / 100) / (MB/s / 1000)."""
@@ -138,6 +207,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     s = report["summary"]
+    f = report["focused"]
     verdict = "met" if s["cost_pct"] < TARGET_PCT else "missed"
     lines = [f"# Metrics cost ({report['started_at']})", "",
              f"Command: `{report['command']}`; git {report['git_commit']}; "
@@ -153,7 +223,16 @@ def markdown(report: dict[str, Any]) -> str:
              f"| MB/s (median) | {s['on_mb_s']:.1f} | {s['off_mb_s']:.1f} |",
              f"| runs | {s['runs_each']} | {s['runs_each']} |", "",
              f"Cost of instrumentation: {s['cost_pct']:+.1f}% node CPU per GB "
-             f"(target < {TARGET_PCT:.0f}%: {verdict}).", "", "Every run:", ""]
+             f"(target < {TARGET_PCT:.0f}%: {verdict}).", "",
+             "Focused, per call in one process (CPU time, so the machine's other load "
+             "matters little):", "",
+             "| hooks | metrics on | off |", "| --- | --- | --- |",
+             f"| one Produce request, one partition | {f['produce_hooks_on_us']:.2f} us | "
+             f"{f['produce_hooks_off_us']:.2f} us |",
+             f"| one Fetch response, one partition of 16 batches | "
+             f"{f['fetch_hooks_on_us']:.2f} us | {f['fetch_hooks_off_us']:.2f} us |",
+             f"| one scrape, 100 topics ({f['scrape_bytes']} bytes) | "
+             f"{f['scrape_100_topics_ms']:.2f} ms | |", "", "Every run:", ""]
     for r in report["runs"]:
         lines.append(f"- round {r['round']} metrics {r['metrics']}: {r['mb_per_s']:.1f} MB/s, "
                      f"node cpu {r['node_cpu_pct']}%, {r['cpu_s_per_gb']:.2f} CPU-s/GB, "
@@ -175,13 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = [round(x, 1) for x in os.getloadavg()]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
+    print("focused (per call, this process's CPU):", flush=True)
+    hooks = focused()
+    print("end to end:", flush=True)
     runs = measure(args.rounds, args.seconds, args.scrape_every)
     report = {"benchmark": "metrics_cost", "started_at": started.isoformat(timespec="seconds"),
               "command": " ".join(["python -m benchmarks.metrics_cost",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "git_commit": commit, "loadavg_at_start": load_at_start,
               "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
-              "scrape_every_s": args.scrape_every, "runs": runs, "summary": summary(runs)}
+              "scrape_every_s": args.scrape_every, "focused": hooks, "runs": runs,
+              "summary": summary(runs)}
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     (args.out / f"metrics-cost-{stamp}.json").write_text(json.dumps(report, indent=1))

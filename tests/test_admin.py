@@ -210,6 +210,9 @@ async def test_metrics_move_with_real_clients(pg_url, store_url, nursery):
     assert value(caught_up, "mink_broker_topic_bytes_out_total", topic=TOPIC) >= bytes_in
     assert total(caught_up, "mink_request_latency_seconds_count", api="Fetch") >= 1
     assert total(caught_up, "mink_group_rebalances_total") >= 1
+    # KIP-394: a new member's first JoinGroup is answered MEMBER_ID_REQUIRED.
+    assert total(caught_up, "mink_request_errors_total", api="JoinGroup",
+                 error="MEMBER_ID_REQUIRED") >= 1
 
     more = 300
     await trio.to_thread.run_sync(_produce, address, more, N)
@@ -240,3 +243,29 @@ async def test_no_admin_listener_no_metrics(pg_url, store_url, nursery):
     await nursery.start(lambda task_status: run_node(config, on_started=nodes.append,
                                                      task_status=task_status))
     assert nodes[0].metrics is NULL_METRICS
+
+
+def test_commit_outcomes_are_counted_by_reason():
+    """The WAL's reports (mink.storage.observer) as series: committed, refused per reason,
+    in doubt, flush sizes."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from mink.broker.admin.metrics import _StorageMeters
+
+    registry = CollectorRegistry()
+    meters = _StorageMeters(registry)
+    meters.wal_uploaded(5000, 0.01, False)
+    meters.wal_uploaded(7000, 0.02, True)
+    meters.wal_committed(0.004, 3, ["not_open_by_node", "not_open_by_node", "stale_node_epoch"])
+    meters.wal_commit_in_doubt()
+    samples = parse_metrics(generate_latest(registry).decode())
+    assert value(samples, "mink_wal_commit_ranges_total", outcome="committed", reason="") == 3
+    assert value(samples, "mink_wal_commit_ranges_total", outcome="refused",
+                 reason="not_open_by_node") == 2
+    assert value(samples, "mink_wal_commit_ranges_total", outcome="refused",
+                 reason="stale_node_epoch") == 1
+    assert value(samples, "mink_wal_commits_in_doubt_total") == 1
+    assert value(samples, "mink_wal_flush_failures_total") == 1
+    assert value(samples, "mink_wal_flush_size_bytes_count") == 1
+    assert value(samples, "mink_wal_flush_size_bytes_sum") == 5000
+    assert value(samples, "mink_wal_commit_latency_seconds_count") == 1

@@ -120,7 +120,7 @@ class NodeMetrics:
         self._errors = Counter(
             "mink_request_errors",
             "Kafka requests answered with an error, per error (a partition's error counts "
-            "once per partition; closed connections count as connection_closed).",
+            "once per partition; a closed connection counts as CONNECTION_CLOSED).",
             ["api", "version", "error"], registry=registry)
         labels = ["topic"]
         self._bytes_in = Counter("mink_broker_topic_bytes_in",

@@ -150,17 +150,17 @@ class Connection:
                 error = getattr(body, "error_code", None)  # a response's top-level error
                 if error:
                     metrics.request_error(header.api_key, header.api_version,
-                                          getattr(error, "name", str(error)))
+                                          getattr(error, "name", str(error)).upper())
         except CloseConnection as exc:
             log.info("closing connection from %s after api %d: %s", self.peer,
                      header.api_key, exc)
             slot.close = True
-            metrics.request_error(header.api_key, header.api_version, "connection_closed")
+            metrics.request_error(header.api_key, header.api_version, "CONNECTION_CLOSED")
         except Exception:
             log.exception("closing connection from %s: handler for api %d v%d failed",
                           self.peer, header.api_key, header.api_version)
             slot.close = True
-            metrics.request_error(header.api_key, header.api_version, "handler_failed")
+            metrics.request_error(header.api_key, header.api_version, "HANDLER_FAILED")
         finally:
             metrics.request(header.api_key, header.api_version).observe(
                 time.perf_counter() - started)

@@ -95,7 +95,8 @@ def _response(node, version: int, reads: list[_Read]):
             meters.bytes_out.inc(read.size)
             meters.messages_out.inc(_records_in(read.records))
         elif read.error:
-            metrics.request_error(1, version, getattr(read.error, "name", str(read.error)))
+            metrics.request_error(1, version,
+                                  getattr(read.error, "name", str(read.error)).upper())
         extra = {}
         if read.error and leader_schema is not None and read.located.partition is not None:
             p = read.located.partition

@@ -190,7 +190,7 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
         partitions = []
         for r in partition_results:
             if r.error:
-                metrics.request_error(0, version, r.error.name)
+                metrics.request_error(0, version, r.error.name.upper())
             base_offset = r.base_offset if not r.error else -1
             extra = {}
             if leader_schema is not None and r.leader is not None and r.leader.leader is not None:
