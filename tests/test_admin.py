@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import urllib.error
 import urllib.request
 
@@ -218,6 +219,16 @@ async def test_metrics_move_with_real_clients(pg_url, store_url, nursery):
     await trio.to_thread.run_sync(_produce, address, more, N)
     await wait_for_metric(base, lambda s: value(s, "mink_consumergroup_lag", **lag_labels)
                           == more, 20, "lag grows by what was produced")
+
+    # `mink cluster status` shows the same lag, from PostgreSQL.
+    status = await trio.run_process(
+        [sys.executable, "-m", "mink.cli", "cluster", "status", "--postgres-url", pg_url,
+         "--json"], capture_stdout=True)
+    groups = {g["group"]: g for g in json.loads(status.stdout)["consumer_groups"]}
+    assert groups[GROUP]["lag"] == more
+    assert groups[GROUP]["partitions"] == [{"topic": TOPIC, "partition": 0,
+                                            "committed_offset": N, "high_watermark": N + more,
+                                            "lag": more}]
 
 
 async def test_metrics_are_per_node_in_one_process(pg_url, store_url, nursery):

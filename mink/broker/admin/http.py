@@ -1,7 +1,7 @@
 """The admin HTTP listener: hypercorn's trio worker serving a small ASGI app.
 
-Three routes, GET or HEAD: /healthz, /readyz (health.py) and /metrics (metrics.py). A hand
-router is enough for that; the console adds its routes here. The server runs in the node's
+Routes, GET or HEAD: /healthz, /readyz (health.py), /metrics (metrics.py), /console and
+/console/state (console.py). A hand router is enough for that. The server runs in the node's
 nursery and stops with it.
 """
 
@@ -15,11 +15,13 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from mink.broker.admin.console import PAGE, Console
 from mink.broker.admin.health import readiness
 from mink.broker.config import split_host_port
 
 log = logging.getLogger(__name__)
 
+HTML = b"text/html; charset=utf-8"
 JSON = b"application/json"
 TEXT = b"text/plain; charset=utf-8"
 # What Prometheus asks for and prometheus-client writes (text format 0.0.4).
@@ -31,10 +33,12 @@ _json = msgspec.json.Encoder()
 class AdminApp:
     """The ASGI application of one node."""
 
-    def __init__(self, node) -> None:
+    def __init__(self, node, console: Console) -> None:
         self.node = node
+        self.console = console
         self.routes = {"/healthz": self.healthz, "/readyz": self.readyz,
-                       "/metrics": self.metrics}
+                       "/metrics": self.metrics, "/console": self.console_page,
+                       "/console/state": self.console_state}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -75,6 +79,12 @@ class AdminApp:
     def metrics(self) -> tuple[int, bytes, bytes]:
         return 200, PROMETHEUS_TEXT, self.node.metrics.exposition()
 
+    def console_page(self) -> tuple[int, bytes, bytes]:
+        return 200, HTML, PAGE
+
+    def console_state(self) -> tuple[int, bytes, bytes]:
+        return 200, JSON, self.console.current()
+
 
 async def _lifespan(receive, send) -> None:
     while True:
@@ -100,10 +110,14 @@ async def serve_admin(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     config.errorlog = logging.getLogger("mink.broker.admin.hypercorn")
     config.graceful_timeout = 1.0
     config.include_server_header = False
+    console = Console(node)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, AdminApp(node), config, mode="asgi"))
+        binds = await nursery.start(partial(serve, AdminApp(node, console), config,
+                                            mode="asgi"))
         bound = split_host_port(binds[0].split("://", 1)[1])
         node.admin_address = bound
         nursery.start_soon(node.metrics.lag.run)
-        log.info("admin listener on http://%s:%d (/metrics, /healthz, /readyz)", *bound)
+        nursery.start_soon(console.run)
+        log.info("admin listener on http://%s:%d (/metrics, /healthz, /readyz, /console)",
+                 *bound)
         task_status.started(bound)

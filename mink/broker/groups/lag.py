@@ -15,7 +15,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily
 
 from mink.storage.controlplane import MetadataError
-from mink.storage.controlplane.high_watermarks import high_watermarks
+from mink.storage.controlplane.lag import high_watermarks
 
 log = logging.getLogger(__name__)
 
