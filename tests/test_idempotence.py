@@ -73,7 +73,9 @@ async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(pg_url, pg_pro
     with trio.fail_after(30):  # both requests wait on the first one's append
         while _waiters_on_pending_append(started[0], init.producer_id) < 2:
             await trio.sleep(0.01)
-    assert pg_proxy.bytes_held_to_upstream > 0
+    with trio.fail_after(30):  # and its commit is on its way, held by the proxy (the upload
+        while pg_proxy.bytes_held_to_upstream == 0:  # before it may still be running)
+            await trio.sleep(0.01)
     pg_proxy.resume()
     results = [produce_result((await client.receive(0, 9))[1]) for _ in range(2)]
     assert results == [(NONE, 1), (NONE, 1)]
