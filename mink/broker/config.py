@@ -66,13 +66,25 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
 
+    # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
+    # off no metric is kept either.
+    admin_listener: str | None = None
+    # How often a group coordinator recomputes its groups' consumer lag for /metrics (the
+    # high watermarks of partitions led elsewhere are one PostgreSQL read per refresh).
+    consumer_lag_refresh_ms: int = 5000
+
     log_level: str = "INFO"
+    # "text" (one readable line per record) or "json" (one JSON object per line).
+    log_format: str = "text"
 
     def listener_address(self) -> tuple[str, int]:
         return split_host_port(self.listener)
 
     def advertised_address(self) -> tuple[str, int]:
         return split_host_port(self.advertised_listener or self.listener)
+
+    def admin_address(self) -> tuple[str, int] | None:
+        return split_host_port(self.admin_listener) if self.admin_listener else None
 
     def effective_wal_max_delay_ms(self) -> float:
         if self.wal_max_delay_ms is not None:
@@ -92,6 +104,7 @@ def split_host_port(value: str) -> tuple[str, int]:
 
 
 ENV_PREFIX = "MINK_"
+LOG_FORMATS = ("text", "json")
 
 
 def load_config(
@@ -121,4 +134,8 @@ def load_config(
         raise ConfigError(f"invalid configuration: {exc}") from None
     config.listener_address()
     config.advertised_address()
+    config.admin_address()
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
+                          f"not {config.log_format!r}")
     return config

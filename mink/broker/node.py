@@ -15,6 +15,8 @@ from collections.abc import Callable
 import trio
 import trio_asyncio
 
+from mink.broker.admin.http import serve_admin
+from mink.broker.admin.metrics import node_metrics
 from mink.broker.cluster.coordinator import ClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
 from mink.broker.cluster.lifecycle import LifecycleLoops
@@ -23,6 +25,7 @@ from mink.broker.cluster.sync import PartitionSync
 from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.broker.config import Config
 from mink.broker.groups.coordinator import GroupCoordinator
+from mink.broker.logs import bind_node
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.admin import TopicAdmin
@@ -38,8 +41,9 @@ log = logging.getLogger(__name__)
 class Node:
     def __init__(self, config: Config, metadata: MetadataStore, objects) -> None:
         self.config = config
+        self.metrics = node_metrics(self)  # NULL_METRICS without an admin listener
         self.metadata = metadata
-        self.objects = objects
+        self.objects = self.metrics.observe_object_store(objects)
         self.node_id = config.node_id
         self.advertised: tuple[str, int] = config.advertised_address()
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
@@ -107,10 +111,12 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                  on_started: Callable[[Node], None] | None = None) -> None:
     config = node.config
     host, port = config.listener_address()
+    bind_node(node)  # every log line of this node's tasks names it (mink/broker/logs.py)
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
         bound = await nursery.start(serve_kafka, node, host, port,
                                     config.socket_request_max_bytes)
+        await nursery.start(serve_admin, node)  # off unless admin_listener is set
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
         await node.membership.register_at_start()

@@ -14,12 +14,14 @@ import trio_asyncio
 
 from mink.broker.config import load_config
 from mink.storage.controlplane import MetadataStore, MetadataUnavailable
+from mink.storage.controlplane.lag import group_lag
 
 
 def add_parser(commands) -> None:
     cluster = commands.add_parser("cluster", help="cluster status and rebalancing")
     actions = cluster.add_subparsers(dest="cluster_command", required=True)
-    for name, help_text in (("status", "nodes, epochs, liveness, partitions led, coordinator"),
+    for name, help_text in (("status", "nodes, epochs, liveness, partitions led, coordinator, "
+                                       "consumer lag"),
                             ("rebalance", "move partitions to even out the nodes' loads")):
         action = actions.add_parser(name, help=help_text)
         action.add_argument("--postgres-url", metavar="URL")
@@ -59,6 +61,14 @@ async def _status(store: MetadataStore) -> dict:
     led = Counter(p.leader_node for t in view.topics for p in t.partitions)
     stats = await store.topic_stats()
     live = {n.node_id for n in view.nodes}
+    lag: dict[str, dict] = {}
+    for group_id, topic, partition, committed, end in await group_lag(store):
+        group = lag.setdefault(group_id, {"group": group_id, "lag": 0, "partitions": []})
+        behind = max(0, end - committed)
+        group["lag"] += behind
+        group["partitions"].append({"topic": topic, "partition": partition,
+                                    "committed_offset": committed, "high_watermark": end,
+                                    "lag": behind})
     return {
         "cluster_id": view.cluster_id,
         "coordinator": view.coordinator,
@@ -73,6 +83,7 @@ async def _status(store: MetadataStore) -> dict:
         "partitions": sum(len(t.partitions) for t in view.topics),
         "orphaned_partitions": sum(1 for t in view.topics for p in t.partitions
                                    if p.leader_node not in live),
+        "consumer_groups": list(lag.values()),
     }
 
 
@@ -92,6 +103,13 @@ def _print_status(status: dict, as_json: bool) -> int:
         records = "?" if t["records"] is None else t["records"]
         size = "?" if t["bytes"] is None else t["bytes"]
         print(f"{t['topic']:<40} {t['partitions']:>10} {records:>12} {size:>14}")
+    if status["consumer_groups"]:
+        print(f"\n{'group':<30} {'topic':<30} {'partition':>9} {'committed':>12} "
+              f"{'end':>12} {'lag':>10}")
+        for group in status["consumer_groups"]:
+            for p in group["partitions"]:
+                print(f"{group['group']:<30} {p['topic']:<30} {p['partition']:>9} "
+                      f"{p['committed_offset']:>12} {p['high_watermark']:>12} {p['lag']:>10}")
     return 0
 
 

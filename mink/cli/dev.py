@@ -40,9 +40,13 @@ def run_dev(args: argparse.Namespace, overrides: dict) -> int:
         config = load_config(args.config, overrides=overrides)
         setup_logging(config)
         host, port = config.advertised_address()
+        admin = config.admin_address()
+        admin_line = (f"  admin:          http://{admin[0]}:{admin[1]}/metrics, /healthz, "
+                      f"/readyz\n" if admin else "")
         print(f"mink {mink.__version__}: one node, data in {data_dir}\n"
               f"  Kafka clients:  bootstrap.servers={host}:{port}\n"
               f"  try:            kcat -b {host}:{port} -L\n"
+              f"{admin_line}"
               f"  stop with Ctrl-C", flush=True)
         return trio.run(run_until_signal, config)
     finally:

@@ -19,11 +19,14 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--object-store", metavar="URL",
                         help="s3://bucket/prefix, file:///path or memory://")
     parser.add_argument("--log-level")
+    parser.add_argument("--log-format", choices=["text", "json"])
+    parser.add_argument("--admin-listener", metavar="HOST:PORT",
+                        help="serve /metrics, /healthz and /readyz here (off unless set)")
 
 
 def _overrides(args: argparse.Namespace) -> dict:
     names = ("node_id", "listener", "advertised_listener", "postgres_url", "object_store",
-             "log_level")
+             "log_level", "log_format", "admin_listener")
     return {name: getattr(args, name, None) for name in names}
 
 

@@ -8,6 +8,7 @@ import signal
 
 import trio
 
+from mink.broker import logs
 from mink.broker.config import Config, ConfigError
 
 log = logging.getLogger("mink")
@@ -24,8 +25,7 @@ def run_serve(config: Config) -> int:
 def setup_logging(config: Config) -> None:
     # Fewer, larger young collections: a node allocates many short-lived objects per request.
     gc.set_threshold(20_000, 20, 20)
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(config.log_level, config.log_format)
 
 
 async def run_until_signal(config: Config) -> int:

@@ -10,6 +10,7 @@ import trio
 
 from mink.storage.lifecycle.store import undecided_keys
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
+from mink.storage.observer import NO_OBSERVER, StorageObserver
 from mink.storage.producer_state import decode_entry
 from mink.storage.wal import WalWriter
 
@@ -25,14 +26,17 @@ class Streams:
                  wal_max_uploads: int = 1, commit_timeout: float = 10.0,
                  tail_cache_bytes: int = 256 * 1024 * 1024,
                  block_cache_bytes: int = 256 * 1024 * 1024,
-                 on_node_fenced: Callable[[], None] | None = None) -> None:
+                 on_node_fenced: Callable[[], None] | None = None,
+                 observer: StorageObserver = NO_OBSERVER) -> None:
         self.node_id = node_id
+        self.observer = observer
         self.node_epoch = node_epoch
         self.metadata = metadata
         self.caches = ReadCaches(metadata, objects, tail_cache_bytes, block_cache_bytes)
         self.wal = WalWriter(node_id, node_epoch, objects, metadata, max_bytes=wal_max_bytes,
                              max_delay=wal_max_delay, max_uploads=wal_max_uploads,
-                             commit_timeout=commit_timeout, on_fenced=self._on_fenced)
+                             commit_timeout=commit_timeout, on_fenced=self._on_fenced,
+                             observer=observer)
         self.logs: dict[tuple[uuid.UUID, int], PartitionLog] = {}
         self.fenced = trio.Event()  # set when a commit was refused; the owner resyncs
         # Called when a commit says this node's epoch is stale: every partition is lost.
@@ -76,14 +80,24 @@ class Streams:
                               state.log_start_offset, self.wal, self.caches)
         opened.producers.load([decode_entry(s.producer_id, s.state) for s in producers])
         self.logs[(topic_id, partition)] = opened
-        log.debug("opened %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
-                 leader_epoch, state.log_start_offset, state.committed_end)
+        # One line per leadership change (here and in close / _on_fenced).
+        log.info("leading %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
+                 leader_epoch, state.log_start_offset, state.committed_end,
+                 extra={"event": "partition_opened", "topic_id": str(topic_id),
+                        "partition": partition, "leader_epoch": leader_epoch})
+        self.observer.partition_opened(topic_id, partition, leader_epoch)
         return opened
 
     def close(self, topic_id: uuid.UUID, partition: int, error: LogError | None = None) -> None:
         partition_log = self.logs.pop((topic_id, partition), None)
         if partition_log is not None:
             partition_log.close(error or NotLeader("partition closed on this node"))
+            log.info("no longer leading %s-%d (leader epoch %d)", topic_id, partition,
+                     partition_log.leader_epoch,
+                     extra={"event": "partition_closed", "topic_id": str(topic_id),
+                            "partition": partition,
+                            "leader_epoch": partition_log.leader_epoch})
+            self.observer.partition_closed(topic_id, partition, "moved")
 
     async def settle_orphans(self, objects) -> list[str]:
         """WAL objects this node uploaded under an earlier node epoch that were never
@@ -108,6 +122,8 @@ class Streams:
     def _on_fenced(self, partition_log: PartitionLog, reason: str) -> None:
         if self.logs.get(partition_log.key) is partition_log:
             del self.logs[partition_log.key]
+            self.observer.partition_closed(partition_log.topic_id, partition_log.partition,
+                                           reason)
         self.fenced.set()
         if reason == "stale_node_epoch":
             self.on_node_fenced()

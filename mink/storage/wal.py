@@ -38,6 +38,7 @@ from mink.storage.controlplane import (
     WalRange,
 )
 from mink.storage.objectstore import ObjectStoreError
+from mink.storage.observer import NO_OBSERVER, StorageObserver
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,10 @@ class WalWriter:
                  max_bytes: int = 8 * 1024 * 1024, max_delay: float = 0.0,
                  max_uploads: int = 1, commit_timeout: float = 10.0,
                  max_buffered_bytes: int | None = None,
-                 on_fenced: Callable[[PartitionLog, str], None] | None = None) -> None:
+                 on_fenced: Callable[[PartitionLog, str], None] | None = None,
+                 observer: StorageObserver = NO_OBSERVER) -> None:
         self.node_id = node_id
+        self.observer = observer  # metrics: one call per upload and per commit
         self.node_epoch = node_epoch
         self.objects = objects
         self.metadata = metadata
@@ -175,6 +178,16 @@ class WalWriter:
             await self._room.wait()
         if self.stopped:
             raise NotLeader("this node stopped leading")
+
+    @property
+    def objects_in_flight(self) -> int:
+        """WAL objects uploading or waiting for their commit."""
+        return len(self._in_flight) + len(self._committing)
+
+    @property
+    def unflushed_bytes(self) -> int:
+        """Bytes appended and not yet committed (buffered, uploading or committing)."""
+        return self._unflushed_bytes
 
     def stop(self) -> None:
         self.stopped = True
@@ -244,9 +257,12 @@ class WalWriter:
                           ranges, parts, size, position)
 
     async def _upload(self, obj: _WalObject) -> None:
+        started = trio.current_time()
         try:
             await self.objects.create(obj.key, obj.parts)
+            self.observer.wal_uploaded(obj.size, trio.current_time() - started, False)
         except Exception as exc:  # any failure is a failed upload, never a dead node
+            self.observer.wal_uploaded(obj.size, trio.current_time() - started, True)
             if not isinstance(exc, ObjectStoreError):
                 log.exception("upload of %s failed unexpectedly", obj.key)
             else:
@@ -306,8 +322,14 @@ class WalWriter:
         request = [WalObject(key=obj.key, size=obj.size,
                              ranges=[r.as_wal_range() for r in live])
                    for obj, live in to_commit]
+        started = trio.current_time()
         outcomes = await self._commit_until_known(request, [r for _, live in to_commit
                                                             for r in live])
+        self.observer.wal_committed(
+            trio.current_time() - started,
+            sum(1 for outcome in outcomes for result in outcome.ranges if result.accepted),
+            [result.reason for outcome in outcomes for result in outcome.ranges
+             if not result.accepted])
         for (obj, live), outcome in zip(to_commit, outcomes, strict=True):
             if outcome.ranges and outcome.ranges[0].reason == REJECTED:
                 # Not written, and not a lost partition: its appends fail retriably and
@@ -378,7 +400,10 @@ class WalWriter:
     def _fenced(self, log_: PartitionLog, reason: str) -> None:
         if log_.closed is None:
             log.warning("partition %s-%d refused at commit (%s): closing it", log_.topic_id,
-                        log_.partition, reason)
+                        log_.partition, reason,
+                        extra={"event": "commit_refused", "topic_id": str(log_.topic_id),
+                               "partition": log_.partition, "leader_epoch": log_.leader_epoch,
+                               "reason": reason})
             log_.close(NotLeader(f"commit refused: {reason}"))
             self.on_fenced(log_, reason)
 
@@ -410,6 +435,7 @@ class WalWriter:
                                           request[0].key)
                     log.warning("commit of %d WAL objects in doubt; repeating",
                                 len(request))
+                    self.observer.wal_commit_in_doubt()
                 if not frozen:
                     for r in ranges:
                         if not r.log.frozen:

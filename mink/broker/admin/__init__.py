@@ -1,3 +1,2 @@
-"""Room for the admin HTTP listener (round 2): /metrics (prometheus-client, one registry per
-node), health and readiness, the cluster console, key lookups. Empty until that work
-lands."""
+"""The admin HTTP listener of a node: /metrics (prometheus-client, one registry per node),
+/healthz and /readyz for orchestrators' probes. Later: the cluster console, key lookups."""

@@ -201,6 +201,12 @@ class ClusterCoordinator:
             if exc.reason in ("stale_coordinator_epoch", "missing_coordinator_epoch"):
                 self.lease_epoch = None
             return False
-        log.info("moved %d %s partitions", len(moves), why)
+        names = {t.topic_id: t.name for t in self.node.view.topics.values()}
+        event = "failover" if why == "orphaned" else why
+        for topic_id, partition, leader, _ in moves:  # one line per leadership move
+            name = names.get(topic_id, str(topic_id))
+            log.info("%s: %s-%d now led by node %d", event, name, partition, leader,
+                     extra={"event": event, "topic": name, "topic_id": str(topic_id),
+                            "partition": partition, "to_node": leader})
         await self.node.sync.refresh_view()
         return True

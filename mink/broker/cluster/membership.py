@@ -120,7 +120,8 @@ class Membership:
         node = self.node
         if not self.leading:
             return
-        log.error("node %d stops leading: %s", node.node_id, why)
+        log.error("node %d stops leading: %s", node.node_id, why,
+                  extra={"event": "fence", "reason": why})
         self.leading = False
         node.coordinator.drop()
         if node.streams is not None:
@@ -142,7 +143,7 @@ class Membership:
             node.node_id, self.node_epoch, node.objects, node.metadata,
             wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
             wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
-            commit_timeout=config.commit_timeout,
+            commit_timeout=config.commit_timeout, observer=node.metrics.storage,
             on_node_fenced=lambda: self.stop_leading("a WAL commit found this node's epoch fenced"))
         await node.nursery.start(node.streams.run)
         node.nursery.start_soon(_settle_orphans, node, node.streams)

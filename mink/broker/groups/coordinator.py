@@ -457,7 +457,10 @@ class GroupCoordinator:
         token = group.join_token
         initial = group.state is EMPTY
         log.info("preparing to rebalance group %s in state %s with old generation %d (%s)",
-                 group.group_id, group.state.value, group.generation, reason)
+                 group.group_id, group.state.value, group.generation, reason,
+                 extra={"event": "rebalance", "group": group.group_id,
+                        "generation": group.generation, "reason": reason})
+        self.node.metrics.group_rebalance()
         group.transition_to(PREPARING)
         group.join_is_initial = initial
         if initial:
@@ -516,7 +519,9 @@ class GroupCoordinator:
             self._store_group_write(group)  # best effort, as Kafka: nobody waits for it
             return
         log.info("stabilized group %s generation %d (%s) with %d members", group.group_id,
-                 group.generation, group.protocol_name, len(group.members))
+                 group.generation, group.protocol_name, len(group.members),
+                 extra={"event": "group_stable", "group": group.group_id,
+                        "generation": group.generation})
         leader_view = group.current_member_metadata()
         for member in group.members.values():
             group.maybe_invoke_join(member, JoinResult(

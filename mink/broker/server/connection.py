@@ -10,6 +10,7 @@ strictly in request order.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -140,19 +141,29 @@ class Connection:
 
     async def _run_handler(self, handler: Handler, ctx: RequestContext, slot: _Slot) -> None:
         header = ctx.header
+        metrics = self.node.metrics
+        started = time.perf_counter()
         try:
             body = await handler(self.node, ctx, ctx.request.body)
             if body is not None:
                 slot.frame = encode_response(header.correlation_id, body)
+                error = getattr(body, "error_code", None)  # a response's top-level error
+                if error:
+                    metrics.request_error(header.api_key, header.api_version,
+                                          getattr(error, "name", str(error)).upper())
         except CloseConnection as exc:
             log.info("closing connection from %s after api %d: %s", self.peer,
                      header.api_key, exc)
             slot.close = True
+            metrics.request_error(header.api_key, header.api_version, "CONNECTION_CLOSED")
         except Exception:
             log.exception("closing connection from %s: handler for api %d v%d failed",
                           self.peer, header.api_key, header.api_version)
             slot.close = True
+            metrics.request_error(header.api_key, header.api_version, "HANDLER_FAILED")
         finally:
+            metrics.request(header.api_key, header.api_version).observe(
+                time.perf_counter() - started)
             ctx.applied()
             slot.done.set()
 

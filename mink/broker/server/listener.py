@@ -24,11 +24,14 @@ async def serve_kafka(node, host: str, port: int, max_frame_bytes: int,
         # list no brokers and controller -1, which makes admin clients wait for a
         # controller until they time out.
         await node.ready.wait()
+        node.metrics.connection_opened()
         try:
             await Connection(node, stream, HANDLERS, max_frame_bytes).run()
         except Exception:
             # One client's trouble must never take the node down.
             log.exception("connection failed")
+        finally:
+            node.metrics.connection_closed()
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

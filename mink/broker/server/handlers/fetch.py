@@ -4,6 +4,8 @@ carries session id 0, which clients accept as "full fetch each time"."""
 
 from __future__ import annotations
 
+import struct
+
 import trio
 from kio.schema.errors import ErrorCode
 
@@ -85,8 +87,16 @@ def _response(node, version: int, reads: list[_Read]):
     partition_schema = nested(schema, "PartitionData")
     leader_schema = nested(schema, "LeaderIdAndEpoch") if version >= 12 else None
     topics: dict[str, list] = {}
+    metrics = node.metrics
     for read in reads:
         partition_log = read.located.log
+        if read.records and metrics.enabled:
+            meters = metrics.topic(read.topic)
+            meters.bytes_out.inc(read.size)
+            meters.messages_out.inc(_records_in(read.records))
+        elif read.error:
+            metrics.request_error(1, version,
+                                  getattr(read.error, "name", str(read.error)).upper())
         extra = {}
         if read.error and leader_schema is not None and read.located.partition is not None:
             p = read.located.partition
@@ -104,3 +114,20 @@ def _response(node, version: int, reads: list[_Read]):
     return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
                  responses=tuple(topic_schema(topic=name, partitions=tuple(parts))
                                  for name, parts in topics.items()))
+
+
+_BATCH_LENGTH = struct.Struct(">i")   # at byte 8 of a batch; the batch is 12 + length bytes
+_RECORDS_COUNT = struct.Struct(">i")  # at byte 57 of a v2 batch header
+
+
+def _records_in(views: list) -> int:
+    """Records in the batches sent: one header read per batch, never per record."""
+    count = 0
+    for view in views:
+        position, end = 0, len(view)
+        while position + 61 <= end:
+            (length,) = _BATCH_LENGTH.unpack_from(view, position + 8)
+            (records,) = _RECORDS_COUNT.unpack_from(view, position + 57)
+            count += records
+            position += 12 + length
+    return count

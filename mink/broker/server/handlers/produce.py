@@ -156,6 +156,9 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
     except LogError as exc:
         return _refused(data.index, error_for(exc), str(exc))
     result.log_start_offset = partition_log.log_start_offset
+    meters = node.metrics.topic(name)
+    meters.bytes_in.inc(len(validated.batch))
+    meters.messages_in.inc(header.records_count)
     return result
 
 
@@ -182,9 +185,12 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
     record_error_schema = nested(schema, "BatchIndexAndErrorMessage") if version >= 8 else None
     leaders: set[int] = set()
     topics = []
+    metrics = node.metrics
     for name, partition_results in results.items():
         partitions = []
         for r in partition_results:
+            if r.error:
+                metrics.request_error(0, version, r.error.name.upper())
             base_offset = r.base_offset if not r.error else -1
             extra = {}
             if leader_schema is not None and r.leader is not None and r.leader.leader is not None:

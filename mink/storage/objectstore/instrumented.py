@@ -1,0 +1,56 @@
+"""An object store that reports each request's latency and failure to a callback (the
+node's metrics), around any other store. One call per request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .base import Data, ObjectExists, ObjectNotFound, ObjectStore
+
+# (operation, seconds, failed): create, get, delete, list, check.
+Observe = Callable[[str, float, bool], None]
+
+# Answers, not failures: a create that found the key taken, a get of a missing key.
+_ANSWERS = (ObjectExists, ObjectNotFound)
+
+
+class InstrumentedObjectStore:
+    def __init__(self, store: ObjectStore, observe: Observe) -> None:
+        self.store = store
+        self.observe = observe
+
+    async def _timed(self, operation: str, call):
+        started = time.perf_counter()
+        failed = True
+        try:
+            result = await call
+            failed = False
+            return result
+        except _ANSWERS:
+            failed = False
+            raise
+        finally:
+            self.observe(operation, time.perf_counter() - started, failed)
+
+    async def create(self, key: str, data: Data) -> None:
+        return await self._timed("create", self.store.create(key, data))
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        return await self._timed("get", self.store.get(key, start, end))
+
+    async def delete(self, key: str) -> None:
+        return await self._timed("delete", self.store.delete(key))
+
+    async def list(self, prefix: str) -> list[str]:
+        return await self._timed("list", self.store.list(prefix))
+
+    async def check(self) -> None:
+        return await self._timed("check", self.store.check())
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    def __getattr__(self, name: str):
+        # Backend extras (delete_many, ...) pass through untimed.
+        return getattr(self.store, name)
