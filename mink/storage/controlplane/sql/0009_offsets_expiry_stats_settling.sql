@@ -1,0 +1,75 @@
+-- Issue 16's last pieces: committed offsets expire (KIP-211), topic statistics are kept by
+-- deltas, and a restart's settling starts after what earlier restarts settled.
+
+
+-- == Committed-offsets expiry (KIP-211) ======================================================
+--
+-- The group coordinator (the leader of the group's partition of __consumer_offsets) runs
+-- this for one group at a time, in the group's order of writes (after every commit it
+-- accepted before), every offsets.retention.check.interval.ms. It decides the condition from
+-- the group's state in its memory, as Kafka's ClassicGroup.offsetExpirationCondition does:
+--   'empty'      a group with a protocol type and no members: every offset expires once
+--                offsets.retention has passed since the group became Empty (Kafka's
+--                currentStateTimestamp: consumer_groups.updated_at, which only
+--                mink_store_group writes, and it wrote the Empty state last);
+--   'simple'     a group no member ever joined (standalone consumers using Kafka for their
+--                offsets): each offset expires offsets.retention after its own commit;
+--   'subscribed' a Stable consumer group: offsets of topics no member subscribes to any
+--                more (p_kept_topics are the subscribed ones) expire by their commit time.
+-- A group of any other state keeps everything. Time is PostgreSQL's clock (committed_at and
+-- updated_at are written with it). An 'empty' or 'simple' group left without offsets is
+-- deleted, as Kafka's cleanupGroupMetadata makes it Dead.
+--
+-- Returns json: {"coordinator": false} when fenced; {"coordinator": true, "stale": true}
+-- when the stored state still has members (the Empty state's write was lost: the caller
+-- writes it again, which starts the clock); otherwise {"coordinator": true, "expired": n,
+-- "kept": [[topic, partition], ...], "group_deleted": bool}. "kept" rather than what went,
+-- so that a repeat after an unknown outcome still leaves the caller's cache right.
+CREATE FUNCTION mink_expire_group_offsets(p_topic_id uuid, p_partition integer,
+                                          p_leader_epoch integer, p_node integer,
+                                          p_node_epoch bigint, p_group_id text, p_mode text,
+                                          p_kept_topics text[], p_retention_ms bigint)
+RETURNS json
+LANGUAGE plpgsql AS $$
+DECLARE
+    g       consumer_groups;
+    v_limit timestamptz := now() - p_retention_ms * interval '1 millisecond';
+    v_gone  bigint;
+    v_kept  json;
+    v_dead  boolean := false;
+BEGIN
+    IF NOT mink_check_group_coordinator(p_topic_id, p_partition, p_leader_epoch, p_node,
+                                        p_node_epoch) THEN
+        RETURN json_build_object('coordinator', false);
+    END IF;
+    SELECT * INTO g FROM consumer_groups WHERE group_id = p_group_id FOR UPDATE;
+    IF NOT FOUND THEN  -- deleted by an earlier call (or never written)
+        RETURN json_build_object('coordinator', true, 'expired', 0, 'kept', '[]'::json,
+                                 'group_deleted', p_mode IN ('empty', 'simple'));
+    END IF;
+    IF p_mode = 'empty' AND json_array_length(g.members) > 0 THEN
+        RETURN json_build_object('coordinator', true, 'stale', true);
+    END IF;
+
+    WITH gone AS (
+        DELETE FROM group_offsets AS o
+         WHERE o.group_id = p_group_id
+           AND CASE p_mode
+                 WHEN 'empty' THEN g.updated_at <= v_limit
+                 WHEN 'simple' THEN o.committed_at <= v_limit
+                 WHEN 'subscribed' THEN o.committed_at <= v_limit
+                                        AND o.topic <> ALL (coalesce(p_kept_topics, '{}'))
+                 ELSE false
+               END
+        RETURNING 1)
+    SELECT count(*) INTO v_gone FROM gone;
+    SELECT coalesce(json_agg(json_build_array(o.topic, o.partition)), '[]'::json) INTO v_kept
+      FROM group_offsets AS o WHERE o.group_id = p_group_id;
+
+    IF p_mode IN ('empty', 'simple') AND json_array_length(v_kept) = 0 THEN
+        DELETE FROM consumer_groups WHERE group_id = p_group_id;
+        v_dead := true;
+    END IF;
+    RETURN json_build_object('coordinator', true, 'expired', v_gone, 'kept', v_kept,
+                             'group_deleted', v_dead);
+END $$;
