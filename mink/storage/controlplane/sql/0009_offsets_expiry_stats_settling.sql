@@ -73,3 +73,76 @@ BEGIN
     RETURN json_build_object('coordinator', true, 'expired', v_gone, 'kept', v_kept,
                              'group_deleted', v_dead);
 END $$;
+
+
+-- == Topic statistics in proportion to change (seed 001, "statistics") =====================
+--
+-- partition_stats holds each partition's indexed bytes and index rows, kept by deltas in the
+-- transaction that changes the index: a WAL commit adds its rows' bytes, a retention step, a
+-- DeleteRecords, a topic deletion (and later tiering's swaps) subtract the rows they delete.
+-- Every such statement already holds the partitions' row locks (in partition order), so
+-- these upserts add no lock order of their own. The writer's statistics round
+-- (SQL_WRITE_TOPIC_STATS) then sums one row per partition, never the index rows.
+CREATE TABLE partition_stats (
+    topic_id      uuid    NOT NULL,
+    partition     integer NOT NULL,
+    indexed_bytes bigint  NOT NULL DEFAULT 0,
+    index_rows    bigint  NOT NULL DEFAULT 0,
+    PRIMARY KEY (topic_id, partition),
+    FOREIGN KEY (topic_id, partition) REFERENCES partitions (topic_id, partition)
+        ON DELETE CASCADE
+);
+
+INSERT INTO partition_stats (topic_id, partition, indexed_bytes, index_rows)
+SELECT b.topic_id, b.partition, sum(b.byte_end - b.byte_start), count(*)
+  FROM batch_index AS b
+  JOIN partitions AS p ON p.topic_id = b.topic_id AND p.partition = b.partition
+ GROUP BY b.topic_id, b.partition;
+
+-- One call per statement (transition tables): the net change of each partition it touched.
+-- Rows of a partition that no longer exists (a topic being deleted) have no stats to keep.
+CREATE FUNCTION mink_batch_index_added() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO partition_stats AS s (topic_id, partition, indexed_bytes, index_rows)
+    SELECT n.topic_id, n.partition, sum(n.byte_end - n.byte_start), count(*)
+      FROM new_rows AS n
+      JOIN partitions AS p ON p.topic_id = n.topic_id AND p.partition = n.partition
+     GROUP BY n.topic_id, n.partition
+     ORDER BY n.topic_id, n.partition
+    ON CONFLICT (topic_id, partition) DO UPDATE
+       SET indexed_bytes = s.indexed_bytes + excluded.indexed_bytes,
+           index_rows = s.index_rows + excluded.index_rows;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION mink_batch_index_removed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE partition_stats AS s
+       SET indexed_bytes = s.indexed_bytes - g.bytes, index_rows = s.index_rows - g.rows
+      FROM (SELECT o.topic_id, o.partition, sum(o.byte_end - o.byte_start) AS bytes,
+                   count(*) AS rows
+              FROM gone_rows AS o GROUP BY o.topic_id, o.partition) AS g
+     WHERE s.topic_id = g.topic_id AND s.partition = g.partition;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER batch_index_stats_added AFTER INSERT ON batch_index
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION mink_batch_index_added();
+CREATE TRIGGER batch_index_stats_removed AFTER DELETE ON batch_index
+    REFERENCING OLD TABLE AS gone_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION mink_batch_index_removed();
+
+-- A deleted topic's statistics go with it (its topics row stays: ids are never reused).
+CREATE FUNCTION mink_topic_deleted_stats() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM topic_stats WHERE topic_id = NEW.topic_id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER topic_deleted_stats AFTER UPDATE OF deleted_at ON topics
+    FOR EACH ROW WHEN (OLD.deleted_at IS NULL AND NEW.deleted_at IS NOT NULL)
+    EXECUTE FUNCTION mink_topic_deleted_stats();
