@@ -313,3 +313,65 @@ async def test_topic_statistics_are_kept_by_deltas_equal_to_the_full_sum(metadat
                                "UNION ALL SELECT count(*) FROM topic_stats WHERE topic_id = %s",
                                (topic.topic_id, topic.topic_id))
     assert left == [(0,), (0,)]
+
+
+class CountingStore:
+    """The wrapped store, counting the keys its listings return."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.listed = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        keys = await self.inner.list(prefix, start_after)
+        self.listed += len(keys)
+        return keys
+
+
+async def test_settling_lists_only_after_what_the_writer_and_earlier_restarts_recorded(
+        metadata, nursery, monkeypatch):
+    """The running writer records how far its objects are decided; a restart lists only the
+    objects after that mark, and never again the epochs an earlier restart settled."""
+    from mink.storage import wal as wal_module
+    from mink.storage.wal import wal_key
+
+    monkeypatch.setattr(wal_module, "DECIDED_MARK_INTERVAL", 0.05)
+    objects = CountingStore(open_object_store("memory://"))
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    for i in range(30):  # 30 committed objects of epoch `first`
+        await append(log, [b"v%d" % i]).wait(10)
+    first = streams.node_epoch
+
+    async def marked() -> int:
+        while True:
+            rows = await metadata._all(lifecycle.READ, "SELECT through_seq FROM wal_settled "
+                                       "WHERE node_id = 1 AND node_epoch = %s", (first,))
+            if rows and rows[0][0] == 30:
+                return rows[0][0]
+            await trio.sleep(0.05)
+
+    with trio.fail_after(10):
+        assert await marked() == 30
+    streams.stop()
+    # The crash left one object uploaded and never committed, after the mark.
+    orphan = wal_key(1, first, 31)
+    await objects.create(orphan, [b"x"])
+
+    second = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    objects.listed = 0
+    assert await Streams(1, second, objects, metadata).settle_orphans(objects) == [orphan]
+    assert objects.listed == 1, "only the objects after the writer's mark are listed"
+
+    # The next restart does not look at the settled epochs at all.
+    third = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    objects.listed = 0
+    assert await Streams(1, third, objects, metadata).settle_orphans(objects) == []
+    assert objects.listed == 0
+    rows = await metadata._all(lifecycle.READ, "SELECT node_epoch, complete FROM wal_settled "
+                               "WHERE node_id = 1 ORDER BY node_epoch")
+    assert rows == [(third - 1, True)], "one row per node stays"

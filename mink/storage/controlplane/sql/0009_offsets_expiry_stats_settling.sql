@@ -146,3 +146,24 @@ END $$;
 CREATE TRIGGER topic_deleted_stats AFTER UPDATE OF deleted_at ON topics
     FOR EACH ROW WHEN (OLD.deleted_at IS NULL AND NEW.deleted_at IS NOT NULL)
     EXECUTE FUNCTION mink_topic_deleted_stats();
+
+
+-- == A restart settles in proportion to what PostgreSQL does not know =====================
+--
+-- A node restarting as epoch E must find the objects its earlier epochs uploaded but never
+-- got decided (a crash between upload and commit). Without a record of how far that is known
+-- it lists every object its earlier epochs still have in the store: history. Two marks bound
+-- the listing to what is unknown:
+--   through_seq  the running writer of (node_id, node_epoch) records, every few seconds, the
+--                sequence number up to which each of its objects is decided (commits run in
+--                sequence order); a restart lists that epoch only after it (StartAfter);
+--   complete     a restart that settled every earlier epoch marks the newest of them; later
+--                restarts never look at those epochs again (and their rows go).
+-- A missing mark only means a longer listing, never a missed orphan.
+CREATE TABLE wal_settled (
+    node_id     integer NOT NULL,
+    node_epoch  bigint  NOT NULL,
+    through_seq bigint  NOT NULL DEFAULT 0,
+    complete    boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (node_id, node_epoch)
+);
