@@ -55,8 +55,15 @@ def make_history(db_url: str, root: Path, n: int, marks: bool = True) -> None:
         (root / key).write_bytes(b"x")
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("SELECT mink_register_node(1, '127.0.0.1', 1, NULL, 0.001)")
-        conn.execute("SELECT mink_create_topic('history', 1, '{}', ARRAY[1], %s, NULL)",
-                     (topic_id,))
+        # a coordinator action, fenced (as tests/support/metadata.py does): a lease held by
+        # no node, for this one call
+        epoch = conn.execute("""
+            INSERT INTO leases (scope, holder, holder_epoch, epoch, acquired_at, expires_at)
+            VALUES ('coordinator', NULL, NULL, 1, now(), now() + interval '60 seconds')
+            RETURNING epoch""").fetchone()[0]
+        conn.execute("SELECT mink_create_topic('history', 1, '{}', ARRAY[1], %s, %s)",
+                     (topic_id, epoch))
+        conn.execute("UPDATE leases SET expires_at = '-infinity' WHERE scope = 'coordinator'")
         conn.execute("""
             INSERT INTO wal_objects (key, node_id, node_epoch, size, committed, outcome)
             SELECT k, 1, 1, 1, true, '{"committed": true, "reason": null, "ranges": []}'

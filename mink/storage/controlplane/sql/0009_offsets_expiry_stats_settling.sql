@@ -93,26 +93,37 @@ CREATE TABLE partition_stats (
         ON DELETE CASCADE
 );
 
+-- One row per partition from its creation on (so a commit only ever updates), filled here
+-- for the partitions that exist already.
 INSERT INTO partition_stats (topic_id, partition, indexed_bytes, index_rows)
-SELECT b.topic_id, b.partition, sum(b.byte_end - b.byte_start), count(*)
-  FROM batch_index AS b
-  JOIN partitions AS p ON p.topic_id = b.topic_id AND p.partition = b.partition
- GROUP BY b.topic_id, b.partition;
+SELECT p.topic_id, p.partition, coalesce(sum(b.byte_end - b.byte_start), 0), count(b.*)
+  FROM partitions AS p
+  LEFT JOIN batch_index AS b ON b.topic_id = p.topic_id AND b.partition = p.partition
+ GROUP BY p.topic_id, p.partition;
 
--- One call per statement (transition tables): the net change of each partition it touched.
--- Rows of a partition that no longer exists (a topic being deleted) have no stats to keep.
+CREATE FUNCTION mink_partition_created_stats() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO partition_stats (topic_id, partition)
+    SELECT n.topic_id, n.partition FROM new_partitions AS n
+    ON CONFLICT (topic_id, partition) DO NOTHING;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER partition_created_stats AFTER INSERT ON partitions
+    REFERENCING NEW TABLE AS new_partitions
+    FOR EACH STATEMENT EXECUTE FUNCTION mink_partition_created_stats();
+
+-- One call per statement (transition tables): the change of each partition it touched.
 CREATE FUNCTION mink_batch_index_added() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO partition_stats AS s (topic_id, partition, indexed_bytes, index_rows)
-    SELECT n.topic_id, n.partition, sum(n.byte_end - n.byte_start), count(*)
-      FROM new_rows AS n
-      JOIN partitions AS p ON p.topic_id = n.topic_id AND p.partition = n.partition
-     GROUP BY n.topic_id, n.partition
-     ORDER BY n.topic_id, n.partition
-    ON CONFLICT (topic_id, partition) DO UPDATE
-       SET indexed_bytes = s.indexed_bytes + excluded.indexed_bytes,
-           index_rows = s.index_rows + excluded.index_rows;
+    UPDATE partition_stats AS s
+       SET indexed_bytes = s.indexed_bytes + g.bytes, index_rows = s.index_rows + g.rows
+      FROM (SELECT n.topic_id, n.partition, sum(n.byte_end - n.byte_start) AS bytes,
+                   count(*) AS rows
+              FROM new_rows AS n GROUP BY n.topic_id, n.partition) AS g
+     WHERE s.topic_id = g.topic_id AND s.partition = g.partition;
     RETURN NULL;
 END $$;
 
