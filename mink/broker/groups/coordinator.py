@@ -1065,6 +1065,9 @@ class GroupCoordinator:
             outcome: list[OffsetsExpiry] = []
 
             async def expire(fence: Fence, group=group, mode=mode, outcome=outcome) -> None:
+                if self._expiry_mode(group) != mode:
+                    return  # a member joined (or the group moved on) since: as Kafka under
+                    # the group's lock, the condition is the group's state when it runs
                 result = await self.store.expire_offsets(fence, group.group_id, mode[0],
                                                          mode[1], retention_ms)
                 outcome.append(result)
