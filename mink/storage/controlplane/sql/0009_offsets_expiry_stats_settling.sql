@@ -81,7 +81,7 @@ END $$;
 -- transaction that changes the index: a WAL commit adds its rows' bytes, a retention step, a
 -- DeleteRecords, a topic deletion (and later tiering's swaps) subtract the rows they delete.
 -- Every such statement already holds the partitions' row locks (in partition order), so
--- these upserts add no lock order of their own. The writer's statistics round
+-- these updates add no lock order of their own. The writer's statistics round
 -- (SQL_WRITE_TOPIC_STATS) then sums one row per partition, never the index rows.
 CREATE TABLE partition_stats (
     topic_id      uuid    NOT NULL,
