@@ -90,7 +90,9 @@ async def test_a_group_that_left_loses_its_offsets_and_restarts_from_the_reset(e
         finally:
             first.close()  # LeaveGroup: the group is Empty from now on
         left_at = time.monotonic()
-        assert committed(enode, "leaver", "left") == [5]
+        kept = committed(enode, "leaver", "left")
+        if time.monotonic() - left_at < RETENTION_S - 0.5:  # (a loaded machine may be slower)
+            assert kept == [5], "the offsets are kept until the retention has passed"
         wait_until(lambda: committed(enode, "leaver", "left") == [NONE], "offsets to expire")
         assert time.monotonic() - left_at >= RETENTION_S - 0.5  # not before the retention
         state, listed = group_state(enode, "leaver")
