@@ -1,10 +1,13 @@
 """Restart cost against history: a node restarted after N WAL objects of an earlier epoch.
 
     .venv/bin/python -m benchmarks.restart_cost [--sizes 100,100000] [--repeat 3]
+                                                [--without-marks]
 
 For each N, a fresh database and file:// store get a history made directly (N committed
 WAL objects of node 1's epoch 1, one index row each in one partition of one topic, N small
-objects in the store: producing them through a node would take many minutes). Then, three
+objects in the store: producing them through a node would take many minutes), with the mark
+a running writer records every few seconds (wal_settled: its objects decided through seq N;
+`--without-marks` leaves it out, as after a writer that never recorded one). Then, three
 times each: `mink serve` is started as node 1 and timed until Metadata shows the
 partition led (ready), and `Streams.settle_orphans` of a new epoch is timed on its own (it
 runs in the background of a start: list the node's earlier keys, read which of them
@@ -37,7 +40,7 @@ from mink.storage.controlplane.postgres import MetadataStore  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_history(db_url: str, root: Path, n: int) -> None:
+def make_history(db_url: str, root: Path, n: int, marks: bool = True) -> None:
     import psycopg
 
     from mink.storage.controlplane.migrate import migrate_sync
@@ -52,8 +55,15 @@ def make_history(db_url: str, root: Path, n: int) -> None:
         (root / key).write_bytes(b"x")
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("SELECT mink_register_node(1, '127.0.0.1', 1, NULL, 0.001)")
-        conn.execute("SELECT mink_create_topic('history', 1, '{}', ARRAY[1], %s, NULL)",
-                     (topic_id,))
+        # a coordinator action, fenced (as tests/support/metadata.py does): a lease held by
+        # no node, for this one call
+        epoch = conn.execute("""
+            INSERT INTO leases (scope, holder, holder_epoch, epoch, acquired_at, expires_at)
+            VALUES ('coordinator', NULL, NULL, 1, now(), now() + interval '60 seconds')
+            RETURNING epoch""").fetchone()[0]
+        conn.execute("SELECT mink_create_topic('history', 1, '{}', ARRAY[1], %s, %s)",
+                     (topic_id, epoch))
+        conn.execute("UPDATE leases SET expires_at = '-infinity' WHERE scope = 'coordinator'")
         conn.execute("""
             INSERT INTO wal_objects (key, node_id, node_epoch, size, committed, outcome)
             SELECT k, 1, 1, 1, true, '{"committed": true, "reason": null, "ranges": []}'
@@ -65,6 +75,9 @@ def make_history(db_url: str, root: Path, n: int) -> None:
             SELECT %s, 0, i - 1, i - 1, k, 0, 1, 0, 1, 0
               FROM unnest(%s::text[]) WITH ORDINALITY AS x(k, i)""", (topic_id, keys))
         conn.execute("UPDATE partitions SET committed_end = %s", (n,))
+        if marks:  # what epoch 1's writer recorded while it ran
+            conn.execute("INSERT INTO wal_settled (node_id, node_epoch, through_seq) "
+                         "VALUES (1, 1, %s)", (n,))
 
 
 def time_ready(db_url: str, root: Path, log_path: Path) -> float:
@@ -120,6 +133,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100,100000")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--without-marks", action="store_true",
+                        help="no wal_settled mark of the history's writer")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mink-restart-"))
     pg = EmbeddedPostgres(tmp / "pg" / "data", durable=False)
@@ -134,7 +149,7 @@ def main() -> None:
             db_url = pg.url_for(f"history_{n}")
             root = tmp / f"objects-{n}"
             made = time.monotonic()
-            make_history(db_url, root, n)
+            make_history(db_url, root, n, marks=not args.without_marks)
             print(f"N={n}: history made in {time.monotonic() - made:.1f} s", flush=True)
             ready = [time_ready(db_url, root, tmp / "node.log") for _ in range(args.repeat)]
             settle = [time_settle(db_url, root) for _ in range(args.repeat)]

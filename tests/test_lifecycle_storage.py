@@ -252,3 +252,126 @@ async def test_a_deleted_topics_objects_wait_for_the_delay_too(metadata, nursery
     assert await objects.list("wal/") == keys
     assert sorted(await delete_everything_due(metadata, objects, delay_ms=0)) == keys
     assert await objects.list("wal/") == []
+
+
+STATS_CHECK = """
+SELECT p.partition, coalesce(s.indexed_bytes, 0), coalesce(s.index_rows, 0),
+       (SELECT coalesce(sum(b.byte_end - b.byte_start), 0) FROM batch_index AS b
+         WHERE b.topic_id = p.topic_id AND b.partition = p.partition),
+       (SELECT count(*) FROM batch_index AS b
+         WHERE b.topic_id = p.topic_id AND b.partition = p.partition)
+  FROM partitions AS p LEFT JOIN partition_stats AS s USING (topic_id, partition)
+ WHERE p.topic_id = %s ORDER BY p.partition"""
+
+
+async def test_topic_statistics_are_kept_by_deltas_equal_to_the_full_sum(metadata, nursery):
+    from mink.storage.controlplane.postgres import READ
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 3)
+    streams = await Node(metadata, objects, 1, wal_max_delay=0.02).start(nursery)
+    logs = [await streams.open(topic.topic_id, p, 0) for p in range(3)]
+    scope = f"writer/{topic.topic_id}"
+    lease = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=30)
+
+    async def check() -> list[tuple[int, int]]:
+        """Each partition's (bytes, rows) by deltas equals the sum over its index rows; the
+        writer's statistics round (which reads the deltas) equals the topic's total."""
+        rows = await metadata._all(READ, STATS_CHECK, (topic.topic_id,))
+        for partition, by_delta, rows_by_delta, full, full_rows in rows:
+            assert (by_delta, rows_by_delta) == (full, full_rows), f"partition {partition}"
+        await metadata.write_topic_stats(topic.topic_id, scope, 1, lease)
+        stats = (await metadata.topic_stats())[topic.topic_id]
+        assert stats[2] == sum(r[3] for r in rows)
+        return [(r[3], r[4]) for r in rows]
+
+    old, new = now_ms() - 2 * HOUR_MS, now_ms()
+    async def produce(p: int) -> None:  # the partitions at once: their rows share objects
+        for i in range(4):
+            await append(logs[p], [b"v" * (10 + 5 * i + p)], old if i < 2 else new).wait(10)
+
+    async with trio.open_nursery() as producers:
+        for p in range(3):
+            producers.start_soon(produce, p)
+    assert all(b > 0 and n > 0 for b, n in await check())
+
+    # retention: the two old rows of each partition go
+    assert await lifecycle.apply_retention(metadata, topic.topic_id, scope, 1, lease,
+                                           HOUR_MS, -1) == {0: 2, 1: 2, 2: 2}
+    assert [n for _, n in await check()] == [2, 2, 2]
+
+    # DeleteRecords: one more row of partition 1, all of partition 2
+    await lifecycle.delete_records(metadata, topic.topic_id, 1, 0, 1, streams.node_epoch, 3)
+    await lifecycle.delete_records(metadata, topic.topic_id, 2, 0, 1, streams.node_epoch, -1)
+    assert [n for _, n in await check()] == [2, 1, 0]
+
+    # more produce after the truncations, then the topic deleted: nothing is left over
+    await append(logs[0], [b"after"]).wait(10)
+    assert [n for _, n in await check()] == [3, 1, 0]
+    await metadata.delete_topic("t")
+    left = await metadata._all(READ, "SELECT count(*) FROM partition_stats WHERE topic_id = %s "
+                               "UNION ALL SELECT count(*) FROM topic_stats WHERE topic_id = %s",
+                               (topic.topic_id, topic.topic_id))
+    assert left == [(0,), (0,)]
+
+
+class CountingStore:
+    """The wrapped store, counting the keys its listings return."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.listed = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        keys = await self.inner.list(prefix, start_after)
+        self.listed += len(keys)
+        return keys
+
+
+async def test_settling_lists_only_after_what_the_writer_and_earlier_restarts_recorded(
+        metadata, nursery, monkeypatch):
+    """The running writer records how far its objects are decided; a restart lists only the
+    objects after that mark, and never again the epochs an earlier restart settled."""
+    from mink.storage import wal as wal_module
+    from mink.storage.wal import wal_key
+
+    monkeypatch.setattr(wal_module, "DECIDED_MARK_INTERVAL", 0.05)
+    objects = CountingStore(open_object_store("memory://"))
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    for i in range(30):  # 30 committed objects of epoch `first`
+        await append(log, [b"v%d" % i]).wait(10)
+    first = streams.node_epoch
+
+    async def marked() -> int:
+        while True:
+            rows = await metadata._all(lifecycle.READ, "SELECT through_seq FROM wal_settled "
+                                       "WHERE node_id = 1 AND node_epoch = %s", (first,))
+            if rows and rows[0][0] == 30:
+                return rows[0][0]
+            await trio.sleep(0.05)
+
+    with trio.fail_after(10):
+        assert await marked() == 30
+    streams.stop()
+    # The crash left one object uploaded and never committed, after the mark.
+    orphan = wal_key(1, first, 31)
+    await objects.create(orphan, [b"x"])
+
+    second = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    objects.listed = 0
+    assert await Streams(1, second, objects, metadata).settle_orphans(objects) == [orphan]
+    assert objects.listed == 1, "only the objects after the writer's mark are listed"
+
+    # The next restart does not look at the settled epochs at all.
+    third = await metadata.register_node(1, "127.0.0.1", 9001, ttl_s=30)
+    objects.listed = 0
+    assert await Streams(1, third, objects, metadata).settle_orphans(objects) == []
+    assert objects.listed == 0
+    rows = await metadata._all(lifecycle.READ, "SELECT node_epoch, complete FROM wal_settled "
+                               "WHERE node_id = 1 ORDER BY node_epoch")
+    assert rows == [(third - 1, True)], "one row per node stays"

@@ -172,6 +172,18 @@ async def test_list_by_prefix(store):
     assert await store.list("wal/../") == []
 
 
+async def test_list_start_after(store):
+    keys = [f"wal/1/2/{seq:012d}" for seq in range(1, 16)] + ["wal/1/3/000000000001"]
+    for key in keys:
+        await store.create(key, b"v")
+    if hasattr(store, "list_page_size"):
+        store.list_page_size = 4  # StartAfter on the first page only, then the token
+    assert await store.list("wal/1/2/", "wal/1/2/000000000009") == keys[9:15]
+    assert await store.list("wal/1/", "wal/1/2/000000000015") == keys[15:]
+    assert await store.list("wal/1/2/", "wal/1/2/000000000099") == []
+    assert await store.list("wal/1/2/", None) == keys[:15]
+
+
 async def test_list_spans_pages(store):
     if hasattr(store, "list_page_size"):  # s3: small pages instead of >1000 keys
         store.list_page_size = 7

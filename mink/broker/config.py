@@ -65,6 +65,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     group_initial_rebalance_delay_ms: int = 3000
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
+    # Committed offsets expire (KIP-211) offsets.retention.minutes after their group became
+    # Empty (by commit time for groups no member ever joined), checked every
+    # offsets.retention.check.interval.ms by each group's coordinator. Minutes as a float,
+    # so that tests can shorten it below a minute.
+    offsets_retention_minutes: float = 10080
+    offsets_retention_check_interval_ms: int = 600_000
 
     # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
     # off no metric is kept either.

@@ -8,16 +8,19 @@ from collections.abc import Callable
 
 import trio
 
-from mink.storage.lifecycle.store import undecided_keys
+from mink.storage.lifecycle.store import mark_wal_settled, undecided_keys, wal_marks
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
 from mink.storage.observer import NO_OBSERVER, StorageObserver
 from mink.storage.producer_state import decode_entry
-from mink.storage.wal import WalWriter
+from mink.storage.wal import WalWriter, wal_key
 
 log = logging.getLogger(__name__)
 
 # Keys settled per transaction at start-up (Streams.settle_orphans).
 SETTLE_PAGE = 1000
+# More unsettled earlier epochs than this (a node's first start since wal_settled existed):
+# one listing of the node's whole prefix instead of one per epoch.
+SETTLE_EPOCH_LISTINGS = 64
 
 
 class Streams:
@@ -102,18 +105,38 @@ class Streams:
     async def settle_orphans(self, objects) -> list[str]:
         """WAL objects this node uploaded under an earlier node epoch that were never
         committed (a crash between upload and commit): have them decided 'abandoned', so
-        they can never become visible, and queued for deletion. Returns their keys."""
+        they can never become visible, and queued for deletion. Returns their keys.
+
+        Only what PostgreSQL does not know is listed (wal_settled, sql/0009): epochs an
+        earlier restart settled are skipped, and of the others only the objects after the
+        sequence number their writer recorded as decided. So the cost follows the objects
+        of the last seconds before a crash, not the history."""
         prefix = f"wal/{self.node_id}/"
-        keys = [key for key in await objects.list(prefix)
-                if int(key[len(prefix):].split("/", 1)[0]) < self.node_epoch]
+        complete_through, marks = await wal_marks(self.metadata, self.node_id,
+                                                  self.node_epoch)
+        epochs = range(complete_through + 1, self.node_epoch)
+        keys: list[str] = []
+        if len(epochs) > SETTLE_EPOCH_LISTINGS:
+            for key in await objects.list(prefix):
+                epoch_text, _, seq_text = key[len(prefix):].partition("/")
+                epoch = int(epoch_text)
+                if epoch in epochs and int(seq_text or 0) > marks.get(epoch, 0):
+                    keys.append(key)
+        else:
+            for epoch in epochs:
+                after = marks.get(epoch, 0)
+                keys += await objects.list(f"{prefix}{epoch}/",
+                                           wal_key(self.node_id, epoch, after) if after else None)
         orphans: list[str] = []
         # Paged, and only what PostgreSQL has no decision for is settled (one advisory lock
-        # per key, in one transaction per page): the cost follows the orphans, not history.
+        # per key, in one transaction per page).
         for start in range(0, len(keys), SETTLE_PAGE):
             undecided = await undecided_keys(self.metadata, keys[start:start + SETTLE_PAGE])
             if undecided:
                 outcomes = await self.metadata.commit_outcome(undecided, settle=True)
                 orphans += [key for key, outcome in outcomes.items() if outcome is None]
+        if epochs:
+            await mark_wal_settled(self.metadata, self.node_id, self.node_epoch - 1)
         if orphans:
             log.info("queued %d uncommitted WAL objects of earlier epochs for deletion",
                      len(orphans))

@@ -37,10 +37,15 @@ from mink.storage.controlplane import (
     WalObject,
     WalRange,
 )
+from mink.storage.lifecycle.store import mark_wal_decided
 from mink.storage.objectstore import ObjectStoreError
 from mink.storage.observer import NO_OBSERVER, StorageObserver
 
 log = logging.getLogger(__name__)
+
+# How often the writer records how far its objects are decided (wal_settled, sql/0009): a
+# restart after a crash lists only the objects after that mark, the last seconds' worth.
+DECIDED_MARK_INTERVAL = 5.0
 
 FOOTER_MAGIC = b"MWAL"
 REJECTED = "rejected_by_postgresql"  # a commit PostgreSQL refused with an error of its own
@@ -158,6 +163,12 @@ class WalWriter:
         self._seq = 0
         self._committing: list[_WalObject] = []
         self.stopped = False
+        # every object up to this seq is decided in PostgreSQL (commits run in seq order),
+        # unless `_undecided_left` (an abandonment that could not be recorded): then the
+        # mark stays where it was and a restart's listing finds that object
+        self._decided_through = 0
+        self._undecided_left = False
+        self._marked_through = 0
 
     # -- called by PartitionLog.append, synchronously -------------------------------------
 
@@ -199,6 +210,7 @@ class WalWriter:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._flush_loop, nursery)
             nursery.start_soon(self._commit_loop)
+            nursery.start_soon(self._mark_loop)
             task_status.started()
 
     async def _wait_for_data(self) -> None:
@@ -284,8 +296,24 @@ class WalWriter:
             self._committing = ready
             await self._commit(ready)
             self._committing = []
+            if not self._undecided_left:
+                self._decided_through = ready[-1].seq
             self._unflushed_bytes -= sum(obj.data_bytes for obj in ready)
             self._signal_room()
+
+    async def _mark_loop(self) -> None:
+        while True:
+            await trio.sleep(DECIDED_MARK_INTERVAL)
+            through = self._decided_through
+            if through <= self._marked_through:
+                continue
+            try:
+                with trio.move_on_after(self.commit_timeout):
+                    await mark_wal_decided(self.metadata, self.node_id, self.node_epoch,
+                                           through)
+                    self._marked_through = through
+            except MetadataError as exc:  # only a longer listing at the next restart
+                log.debug("could not record the WAL objects decided: %s", exc)
 
     def _signal_room(self) -> None:
         if self._unflushed_bytes < self.max_buffered_bytes:
@@ -448,11 +476,15 @@ class WalWriter:
                 log_.frozen = False
 
     async def _queue_deletion(self, keys: list[str], reason: str) -> None:
+        queued = False
         try:
             with trio.move_on_after(self.commit_timeout):
                 await self.metadata.queue_for_deletion(keys, reason)
+                queued = True
         except Exception as exc:  # a node restart settles them (Streams.settle_orphans)
             log.warning("could not queue %s for deletion: %s", keys, exc)
+        if not queued:
+            self._undecided_left = True
 
 
 def _not_committed(r: _Range, why: str) -> None:

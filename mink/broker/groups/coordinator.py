@@ -50,6 +50,7 @@ from mink.storage.controlplane.groups import (
     Fence,
     GroupStore,
     NotGroupCoordinator,
+    OffsetsExpiry,
     StoredGroup,
     StoredMember,
     StoredOffset,
@@ -192,6 +193,7 @@ class GroupCoordinator:
                 self._nursery = nursery
                 try:
                     nursery.start_soon(self._timers.run)
+                    nursery.start_soon(self._offsets_expiry_loop)
                     await self._ensure_offsets_topic()
                     self.on_view()
                     task_status.started()
@@ -1029,6 +1031,79 @@ class GroupCoordinator:
             for key in eligible:
                 results[key] = error
         return ErrorCode.none, results
+
+    # -- offsets expiry (KIP-211) --------------------------------------------------------------
+
+    async def _offsets_expiry_loop(self) -> None:
+        """Kafka's offsets-cleanup task: every offsets.retention.check.interval.ms."""
+        while True:
+            await trio.sleep(self.node.config.offsets_retention_check_interval_ms / 1000)
+            try:
+                await self.expire_offsets()
+            except Exception:  # a cleanup round's trouble must never stop the coordinator
+                log.exception("offsets expiry round failed")
+
+    def _expiry_mode(self, group: Group) -> tuple[str, list[str]] | None:
+        """Kafka's ClassicGroup.offsetExpirationCondition, as the mode of
+        mink_expire_group_offsets: None when nothing of the group can expire now."""
+        if group.state is EMPTY:
+            return ("empty" if group.protocol_type is not None else "simple"), []
+        if group.state is STABLE and group.protocol_type == "consumer" and group.offsets:
+            subscribed = _subscribed_topics(group)
+            if subscribed is not None and any(t not in subscribed for t, _ in group.offsets):
+                return "subscribed", sorted(subscribed)
+        return None
+
+    async def expire_offsets(self) -> dict[str, int]:
+        """One expiry round over the groups this node coordinates: group id -> offsets
+        expired. Each group's expiry is a fenced write in the group's order of writes, so an
+        offset commit accepted before it is never lost to it, and one after it stays."""
+        retention_ms = int(self.node.config.offsets_retention_minutes * 60_000)
+        pending: list[tuple[Group, Waiter[ErrorCode], list[OffsetsExpiry]]] = []
+        for group in list(self.groups.values()):
+            st = self._partitions.get(group.partition)
+            if st is None or not st.loaded:
+                continue
+            mode = self._expiry_mode(group)
+            if mode is None:
+                continue
+            outcome: list[OffsetsExpiry] = []
+
+            async def expire(fence: Fence, group=group, mode=mode, outcome=outcome) -> None:
+                if self._expiry_mode(group) != mode:
+                    return  # a member joined (or the group moved on) since: as Kafka under
+                    # the group's lock, the condition is the group's state when it runs
+                result = await self.store.expire_offsets(fence, group.group_id, mode[0],
+                                                         mode[1], retention_ms)
+                outcome.append(result)
+                if not result.stale:
+                    kept = set(result.kept)
+                    for key in [k for k in group.offsets if k not in kept]:
+                        del group.offsets[key]
+
+            pending.append((group, self._write(group, expire), outcome))
+        expired: dict[str, int] = {}
+        for group, written, outcome in pending:
+            await written.wait()
+            if not outcome:
+                continue  # refused or not written: the next round tries again
+            result = outcome[0]
+            if result.stale:
+                self._store_group_write(group)  # the Empty state again: its clock starts
+                continue
+            if result.expired:
+                expired[group.group_id] = result.expired
+                log.info("removed %d expired offsets of group %s", result.expired,
+                         group.group_id)
+            if (result.group_deleted and group.state is EMPTY and not group.offsets
+                    and self.groups.get(group.group_id) is group):
+                # Kafka's cleanupGroupMetadata: an Empty group without offsets is Dead. A
+                # group that a member joined meanwhile stays: its next write stores it again.
+                group.state = DEAD
+                del self.groups[group.group_id]
+                log.info("group %s transitioned to Dead in generation %d (no offsets left)",
+                         group.group_id, group.generation)
+        return expired
 
     # -- administration ------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from mink.storage.controlplane.postgres import IDEMPOTENT, READ, MetadataStore
 from mink.storage.pgtext import from_pg, to_pg
 
 __all__ = ["Fence", "StoredMember", "StoredOffset", "StoredGroup", "GroupStore",
-           "NotGroupCoordinator"]
+           "NotGroupCoordinator", "OffsetsExpiry"]
 
 
 class NotGroupCoordinator(MetadataError):
@@ -75,7 +75,17 @@ class StoredGroup(msgspec.Struct):
     offsets: list[StoredOffset] = []
 
 
+class OffsetsExpiry(msgspec.Struct):
+    """What an expiry round did to one group (see mink_expire_group_offsets, 0009)."""
+    coordinator: bool
+    stale: bool = False            # the stored state still has members: write Empty again
+    expired: int = 0
+    kept: list[tuple[str, int]] = []
+    group_deleted: bool = False
+
+
 _members_encoder = msgspec.json.Encoder()
+_expiry_decoder = msgspec.json.Decoder(OffsetsExpiry)
 _groups_decoder = msgspec.json.Decoder(list[StoredGroup])
 
 SQL_LOAD_PARTITION = """
@@ -102,6 +112,9 @@ SELECT mink_delete_groups(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::t
 SQL_DELETE_OFFSETS = """
 SELECT mink_delete_offsets(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::text,
                            %s::text[], %s::int[])"""
+SQL_EXPIRE_OFFSETS = """
+SELECT mink_expire_group_offsets(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::text,
+                                 %s::text, %s::text[], %s::bigint)::text"""
 
 
 class GroupStore:
@@ -141,6 +154,20 @@ class GroupStore:
         await self._fenced(SQL_DELETE_OFFSETS, (
             *fence.params(), to_pg(group_id), [to_pg(t) for t, _ in partitions],
             [p for _, p in partitions]))
+
+    async def expire_offsets(self, fence: Fence, group_id: str, mode: str,
+                             kept_topics: list[str], retention_ms: int) -> OffsetsExpiry:
+        """KIP-211 expiry of one group's offsets; `mode` is 'empty', 'simple' or
+        'subscribed' (then `kept_topics` are the topics its members subscribe to)."""
+        row = await self.metadata._one(IDEMPOTENT, SQL_EXPIRE_OFFSETS, (
+            *fence.params(), to_pg(group_id), mode, [to_pg(t) for t in kept_topics],
+            retention_ms))
+        result = _expiry_decoder.decode(row[0]) if row else OffsetsExpiry(False)
+        if not result.coordinator:
+            raise NotGroupCoordinator(f"not the leader of __consumer_offsets-{fence.partition} "
+                                      f"at leader epoch {fence.leader_epoch}")
+        result.kept = [(from_pg(t), p) for t, p in result.kept]
+        return result
 
     async def _fenced(self, sql: str, params: tuple) -> None:
         row = await self.metadata.fetch_one(IDEMPOTENT, sql, params)

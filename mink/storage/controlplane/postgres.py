@@ -260,8 +260,8 @@ SELECT result FROM cluster_requests WHERE id = %s"""
 SQL_WRITE_TOPIC_STATS = """
 INSERT INTO topic_stats AS s (topic_id, partitions, records, bytes, computed_by, lease_epoch)
 SELECT p.topic_id, count(*), coalesce(sum(p.committed_end - p.log_start_offset), 0),
-       (SELECT coalesce(sum(b.byte_end - b.byte_start), 0) FROM batch_index AS b
-         WHERE b.topic_id = %(topic)s), %(node)s, %(epoch)s
+       (SELECT coalesce(sum(s.indexed_bytes), 0) FROM partition_stats AS s
+         WHERE s.topic_id = %(topic)s), %(node)s, %(epoch)s
   FROM partitions AS p
  WHERE p.topic_id = %(topic)s
    AND EXISTS (SELECT 1 FROM leases AS l

@@ -38,6 +38,21 @@ SELECT topic_id, partition, log_start_offset FROM partitions
 SQL_UNDECIDED_KEYS = """
 SELECT k FROM unnest(%s::text[]) AS k
  WHERE NOT EXISTS (SELECT 1 FROM wal_objects AS w WHERE w.key = k)"""
+SQL_WAL_MARKS = """
+SELECT node_epoch, through_seq, complete FROM wal_settled
+ WHERE node_id = %s AND node_epoch < %s ORDER BY node_epoch"""
+SQL_MARK_WAL_DECIDED = """
+INSERT INTO wal_settled AS w (node_id, node_epoch, through_seq) VALUES (%s, %s, %s)
+ON CONFLICT (node_id, node_epoch) DO UPDATE
+   SET through_seq = greatest(w.through_seq, excluded.through_seq)
+RETURNING node_epoch"""
+SQL_MARK_WAL_SETTLED = """
+WITH marked AS (
+    INSERT INTO wal_settled AS w (node_id, node_epoch, complete) VALUES (%(node)s, %(epoch)s, true)
+    ON CONFLICT (node_id, node_epoch) DO UPDATE SET complete = true
+    RETURNING node_epoch)
+DELETE FROM wal_settled WHERE node_id = %(node)s AND node_epoch < %(epoch)s
+RETURNING node_epoch"""
 SQL_LOG_START = """
 SELECT log_start_offset FROM partitions WHERE topic_id = %s AND partition = %s"""
 
@@ -132,6 +147,32 @@ async def undecided_keys(store: MetadataStore, keys: list[str]) -> list[str]:
     return [r[0] for r in await store.fetch_all(READ, SQL_UNDECIDED_KEYS, (keys,))]
 
 
+async def wal_marks(store: MetadataStore, node_id: int,
+                    below_epoch: int) -> tuple[int, dict[int, int]]:
+    """What is known of `node_id`'s WAL objects of epochs below `below_epoch`: the newest
+    epoch through which every one is decided (0: none), and of later epochs, the sequence
+    number through which each one is (see wal_settled in sql/0009)."""
+    complete_through, seqs = 0, {}
+    for epoch, seq, complete in await store._all(READ, SQL_WAL_MARKS, (node_id, below_epoch)):
+        if complete:
+            complete_through = max(complete_through, epoch)
+        seqs[epoch] = seq
+    return complete_through, {e: s for e, s in seqs.items() if e > complete_through}
+
+
+async def mark_wal_decided(store: MetadataStore, node_id: int, node_epoch: int,
+                           through_seq: int) -> None:
+    """The writer of (node_id, node_epoch): each of its objects up to `through_seq` is
+    decided in PostgreSQL (committed, refused or abandoned)."""
+    await store._all(IDEMPOTENT, SQL_MARK_WAL_DECIDED, (node_id, node_epoch, through_seq))
+
+
+async def mark_wal_settled(store: MetadataStore, node_id: int, through_epoch: int) -> None:
+    """Every WAL object of `node_id`'s epochs up to `through_epoch` is decided."""
+    await store._all(IDEMPOTENT, SQL_MARK_WAL_SETTLED, {"node": node_id,
+                                                        "epoch": through_epoch})
+
+
 async def log_start(store: MetadataStore, topic_id: uuid.UUID, partition: int) -> int | None:
     row = await store.fetch_one(READ, SQL_LOG_START, (topic_id, partition))
     return None if row is None else row[0]
@@ -141,5 +182,6 @@ __all__ = [
     "LOG_START_CHANNEL", "DeleteRecordsRefused", "ConfigChanged", "StaleEpoch",
     "apply_retention", "delete_records", "topic_config", "alter_topic_config",
     "queue_unreferenced", "due_deletions", "deletions_done", "prune_metadata",
-    "led_log_starts", "log_start", "undecided_keys",
+    "led_log_starts", "log_start", "undecided_keys", "wal_marks", "mark_wal_decided",
+    "mark_wal_settled",
 ]

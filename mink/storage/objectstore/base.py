@@ -49,8 +49,9 @@ class ObjectStore(Protocol):
     async def delete(self, key: str) -> None:
         """Delete the object; deleting a missing object is not an error."""
 
-    async def list(self, prefix: str) -> list[str]:
-        """All keys starting with `prefix` (a plain string prefix), sorted."""
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        """All keys starting with `prefix` (a plain string prefix), sorted; with
+        `start_after`, only the keys after it (S3's StartAfter: the store skips the rest)."""
 
     async def check(self) -> None:
         """Start-up validation: raise ObjectStoreConfigError saying what to fix."""

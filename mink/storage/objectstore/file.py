@@ -13,6 +13,7 @@ On a filesystem, a key cannot also be a "directory" of another key ("a" and "a/b
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import secrets
@@ -212,8 +213,11 @@ class FileObjectStore:
         path = self._path(key)
         await self._run("delete", key, lambda: _unlink_if_present(path))
 
-    async def list(self, prefix: str) -> list[str]:
-        return await self._run("list", prefix, lambda: self._list_sync(prefix))
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        keys = await self._run("list", prefix, lambda: self._list_sync(prefix))
+        if start_after is not None:
+            keys = keys[bisect.bisect_right(keys, start_after):]
+        return keys
 
     def _list_sync(self, prefix: str) -> list[str]:
         dir_part, _, name_prefix = prefix.rpartition("/")

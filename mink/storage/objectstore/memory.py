@@ -75,10 +75,11 @@ class MemoryObjectStore:
         self._check_open()
         self._objects.pop(key, None)
 
-    async def list(self, prefix: str) -> list[str]:
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         await trio.lowlevel.checkpoint()
         self._check_open()
-        return sorted(k for k in self._objects if k.startswith(prefix))
+        return sorted(k for k in self._objects if k.startswith(prefix)
+                      and (start_after is None or k > start_after))
 
     async def check(self) -> None:
         await trio.lowlevel.checkpoint()

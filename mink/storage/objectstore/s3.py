@@ -308,14 +308,16 @@ class S3ObjectStore:
             batch = [self.prefix + k for k in keys[start:start + 1000]]
             await self._call("delete", batch[0], _delete_many, self.bucket, batch)
 
-    async def list(self, prefix: str) -> list[str]:
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         full_prefix = self.prefix + prefix
+        full_start = None if start_after is None else self.prefix + start_after
         cut = len(self.prefix)
         keys: list[str] = []
         token: str | None = None
         while True:  # one request (and one crossing) per page, each retried on its own
             page, token = await self._call(
-                "list", prefix, _list_page, self.bucket, full_prefix, token, self.list_page_size
+                "list", prefix, _list_page, self.bucket, full_prefix, token, self.list_page_size,
+                full_start,
             )
             keys.extend(k[cut:] for k in page)
             if token is None:
@@ -419,11 +421,14 @@ async def _delete_many(client: Any, bucket: str, keys: list[str]) -> None:
 
 
 async def _list_page(
-    client: Any, bucket: str, prefix: str, token: str | None, page_size: int
+    client: Any, bucket: str, prefix: str, token: str | None, page_size: int,
+    start_after: str | None = None,
 ) -> tuple[list[str], str | None]:
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
     if token is not None:
         kwargs["ContinuationToken"] = token
+    elif start_after is not None:  # S3 ignores StartAfter once a token is given
+        kwargs["StartAfter"] = start_after
     response = await client.list_objects_v2(**kwargs)
     keys = [item["Key"] for item in response.get("Contents", ())]
     return keys, response.get("NextContinuationToken") if response.get("IsTruncated") else None

@@ -68,9 +68,9 @@ class LatencyObjectStore:
         await self._sleep("delete")
         await self.inner.delete(key)
 
-    async def list(self, prefix: str) -> list[str]:
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         await self._sleep("list")
-        return await self.inner.list(prefix)
+        return await self.inner.list(prefix, start_after)
 
     async def check(self) -> None:
         await self.inner.check()
@@ -204,8 +204,8 @@ class FaultyObjectStore:
     async def delete(self, key: str) -> None:
         await self._apply("delete", key, lambda: self.inner.delete(key))
 
-    async def list(self, prefix: str) -> list[str]:
-        return await self._apply("list", prefix, lambda: self.inner.list(prefix))  # type: ignore[return-value]
+    async def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        return await self._apply("list", prefix, lambda: self.inner.list(prefix, start_after))  # type: ignore[return-value]
 
     async def check(self) -> None:
         await self._apply("check", "", lambda: self.inner.check())

@@ -119,6 +119,11 @@ def broker_config_entries(node) -> list[ConfigEntry]:
                     "how long data no index row uses is kept for readers that found it"),
         from_config("producer.id.expiration.ms", "producer_id_expiration_ms", "INT",
                     "how long an idle producer's state is kept"),
+        from_config("offsets.retention.minutes", "offsets_retention_minutes", "INT",
+                    "committed offsets expire this long after their group became empty"),
+        from_config("offsets.retention.check.interval.ms",
+                    "offsets_retention_check_interval_ms", "LONG",
+                    "how often expired committed offsets are removed"),
         fixed("delete.topic.enable", "true", "BOOLEAN", "topics can be deleted"),
         fixed("compression.type", "producer", "STRING",
               "batches are stored compressed as the producer sent them"),
@@ -141,6 +146,8 @@ def _text(value) -> str | None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # offsets.retention.minutes is an INT to Kafka's tools
     return str(value)
 
 
