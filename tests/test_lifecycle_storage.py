@@ -277,7 +277,7 @@ async def test_topic_statistics_are_kept_by_deltas_equal_to_the_full_sum(metadat
     async def check() -> list[tuple[int, int]]:
         """Each partition's (bytes, rows) by deltas equals the sum over its index rows; the
         writer's statistics round (which reads the deltas) equals the topic's total."""
-        rows = await metadata._all(READ, STATS_CHECK, (topic.topic_id,))
+        rows = await metadata.fetch_all(READ, STATS_CHECK, (topic.topic_id,))
         for partition, by_delta, rows_by_delta, full, full_rows in rows:
             assert (by_delta, rows_by_delta) == (full, full_rows), f"partition {partition}"
         await metadata.write_topic_stats(topic.topic_id, scope, 1, lease)
@@ -309,7 +309,7 @@ async def test_topic_statistics_are_kept_by_deltas_equal_to_the_full_sum(metadat
     await append(logs[0], [b"after"]).wait(10)
     assert [n for _, n in await check()] == [3, 1, 0]
     await metadata.delete_topic("t")
-    left = await metadata._all(READ, "SELECT count(*) FROM partition_stats WHERE topic_id = %s "
+    left = await metadata.fetch_all(READ, "SELECT count(*) FROM partition_stats WHERE topic_id = %s "
                                "UNION ALL SELECT count(*) FROM topic_stats WHERE topic_id = %s",
                                (topic.topic_id, topic.topic_id))
     assert left == [(0,), (0,)]
@@ -349,7 +349,7 @@ async def test_settling_lists_only_after_what_the_writer_and_earlier_restarts_re
 
     async def marked() -> int:
         while True:
-            rows = await metadata._all(lifecycle.READ, "SELECT through_seq FROM wal_settled "
+            rows = await metadata.fetch_all(lifecycle.READ, "SELECT through_seq FROM wal_settled "
                                        "WHERE node_id = 1 AND node_epoch = %s", (first,))
             if rows and rows[0][0] == 30:
                 return rows[0][0]
@@ -372,6 +372,6 @@ async def test_settling_lists_only_after_what_the_writer_and_earlier_restarts_re
     objects.listed = 0
     assert await Streams(1, third, objects, metadata).settle_orphans(objects) == []
     assert objects.listed == 0
-    rows = await metadata._all(lifecycle.READ, "SELECT node_epoch, complete FROM wal_settled "
+    rows = await metadata.fetch_all(lifecycle.READ, "SELECT node_epoch, complete FROM wal_settled "
                                "WHERE node_id = 1 ORDER BY node_epoch")
     assert rows == [(third - 1, True)], "one row per node stays"

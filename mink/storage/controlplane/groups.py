@@ -159,7 +159,7 @@ class GroupStore:
                              kept_topics: list[str], retention_ms: int) -> OffsetsExpiry:
         """KIP-211 expiry of one group's offsets; `mode` is 'empty', 'simple' or
         'subscribed' (then `kept_topics` are the topics its members subscribe to)."""
-        row = await self.metadata._one(IDEMPOTENT, SQL_EXPIRE_OFFSETS, (
+        row = await self.metadata.fetch_one(IDEMPOTENT, SQL_EXPIRE_OFFSETS, (
             *fence.params(), to_pg(group_id), mode, [to_pg(t) for t in kept_topics],
             retention_ms))
         result = _expiry_decoder.decode(row[0]) if row else OffsetsExpiry(False)

@@ -153,7 +153,7 @@ async def wal_marks(store: MetadataStore, node_id: int,
     epoch through which every one is decided (0: none), and of later epochs, the sequence
     number through which each one is (see wal_settled in sql/0009)."""
     complete_through, seqs = 0, {}
-    for epoch, seq, complete in await store._all(READ, SQL_WAL_MARKS, (node_id, below_epoch)):
+    for epoch, seq, complete in await store.fetch_all(READ, SQL_WAL_MARKS, (node_id, below_epoch)):
         if complete:
             complete_through = max(complete_through, epoch)
         seqs[epoch] = seq
@@ -164,12 +164,12 @@ async def mark_wal_decided(store: MetadataStore, node_id: int, node_epoch: int,
                            through_seq: int) -> None:
     """The writer of (node_id, node_epoch): each of its objects up to `through_seq` is
     decided in PostgreSQL (committed, refused or abandoned)."""
-    await store._all(IDEMPOTENT, SQL_MARK_WAL_DECIDED, (node_id, node_epoch, through_seq))
+    await store.fetch_all(IDEMPOTENT, SQL_MARK_WAL_DECIDED, (node_id, node_epoch, through_seq))
 
 
 async def mark_wal_settled(store: MetadataStore, node_id: int, through_epoch: int) -> None:
     """Every WAL object of `node_id`'s epochs up to `through_epoch` is decided."""
-    await store._all(IDEMPOTENT, SQL_MARK_WAL_SETTLED, {"node": node_id,
+    await store.fetch_all(IDEMPOTENT, SQL_MARK_WAL_SETTLED, {"node": node_id,
                                                         "epoch": through_epoch})
 
 
