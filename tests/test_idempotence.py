@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 
 import trio
 
@@ -212,3 +213,85 @@ def test_sequence_rules_as_kafka():
     wrap = ProducerStateManager()
     wrap.record(ProducerAppend(1, 0, 2**31 - 3, 2**31 - 1), 0, 2, None)
     assert wrap.check(ProducerAppend(1, 0, 0, 4)) is None  # sequences wrap after 2^31 - 1
+
+
+class _HeldWal:
+    """A WAL buffer that keeps what is added (nothing is uploaded or committed)."""
+
+    def __init__(self):
+        self.added = []
+
+    def add(self, log_, pending, data, max_timestamp, batch_count, producer_states):
+        self.added.append(pending)
+
+
+def _append(log_, producer_id: int, epoch: int, sequence: int):
+    batch = bytearray(idempotent_batch(producer_id, epoch, sequence, [b"v%d" % sequence]))
+    return log_.append(batch, [1], 0, ProducerAppend(producer_id, epoch, sequence, sequence))
+
+
+def test_a_gap_this_node_made_is_answered_retriably():
+    """A batch pipelined behind one this node refused as not written (frozen, failed,
+    not leading) is answered retriably, not OUT_OF_ORDER_SEQUENCE_NUMBER: librdkafka bumps
+    its epoch on the latter and re-sends possibly written batches of other partitions as
+    new ones (the duplicates of the fault campaign, issue 11). A gap nobody here made is
+    still OUT_OF_ORDER_SEQUENCE_NUMBER."""
+    import uuid
+
+    from mink.storage.log import (
+        OutOfOrderSequence,
+        PartitionLog,
+        StorageUnavailable,
+    )
+    from mink.storage.producer_state import RefusedSequences
+
+    refused = RefusedSequences()
+    log_ = PartitionLog(uuid.uuid4(), 0, 0, 0, 0, _HeldWal(), None, refused)
+    _append(log_, 9, 0, 0)
+    log_.frozen = True  # an in-doubt commit: sequence 1 is refused, not written
+    try:
+        _append(log_, 9, 0, 1)
+    except StorageUnavailable:
+        pass
+    else:
+        raise AssertionError("a frozen partition took a batch")
+    log_.frozen = False
+    for behind in (2, 3):  # pipelined behind sequence 1: retriable, never written
+        try:
+            _append(log_, 9, 0, behind)
+        except StorageUnavailable:
+            pass
+        else:
+            raise AssertionError(f"sequence {behind} written over the gap at 1")
+    _append(log_, 9, 0, 1)  # the client re-sends in order: all written
+    _append(log_, 9, 0, 2)
+    try:  # a gap this node did not make
+        _append(log_, 9, 0, 7)
+    except OutOfOrderSequence:
+        pass
+    else:
+        raise AssertionError("a real gap was not OUT_OF_ORDER_SEQUENCE_NUMBER")
+
+    # Appends failed after they were taken (a failed upload resets the log) count too,
+    # and are remembered by the log that follows on the same node (a new leader epoch).
+    pending = _append(log_, 9, 0, 3)
+    log_.reset(StorageUnavailable("upload failed"), from_offset=pending.base_offset)
+    reopened = PartitionLog(log_.topic_id, 0, 1, 3, 0, _HeldWal(), None, refused)
+    reopened.producers.load([_entry(9, 0, 2)])  # what PostgreSQL had: 0-2 committed
+    try:
+        _append(reopened, 9, 0, 4)
+    except StorageUnavailable:
+        pass
+    else:
+        raise AssertionError("sequence 4 written over the gap at 3")
+    _append(reopened, 9, 0, 3)
+    _append(reopened, 9, 0, 4)
+    assert len(refused) == 0
+
+
+def _entry(producer_id: int, epoch: int, last_seq: int):
+    from mink.storage.producer_state import BatchMetadata, ProducerEntry
+
+    entry = ProducerEntry(producer_id, epoch, last_update_ms=int(time.time() * 1000))
+    entry.batches.append(BatchMetadata(last_seq, last_seq, last_seq, last_seq))
+    return entry

@@ -33,6 +33,7 @@ from mink.broker.transactions.producer_ids import ProducerIdBlock
 from mink.storage.log import PartitionLog
 from mink.storage.controlplane import MetadataStore
 from mink.storage.objectstore import open_object_store
+from mink.storage.producer_state import RefusedSequences
 from mink.storage.streams import Streams
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class Node:
         # create, delete, auto-create topics
         self.topic_admin = TopicAdmin(self, auto_create_via_coordinator)
         self.producer_ids = ProducerIdBlock(metadata)
+        # Idempotent batches answered as not written, across reopenings and incarnations.
+        self.refused_sequences = RefusedSequences()
         self.coordinator = ClusterCoordinator(self)
         self.leases = BackgroundLeases(self, config.max_partitions)
         self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection

@@ -28,6 +28,7 @@ from mink.storage.producer_state import (
     ProducerAppend,
     ProducerError,
     ProducerStateManager,
+    RefusedSequences,
 )
 
 
@@ -102,6 +103,9 @@ class PendingAppend:
         if not self.done.is_set():
             self.error = error
             self.done.set()
+            if error is not None and self.producer is not None:
+                self.log.refused_sequences.refused(self.log.topic_id, self.log.partition,
+                                                   self.producer)
 
     async def wait(self, timeout: float = math.inf) -> int:
         """The base offset once durable; raises the LogError that failed it, or
@@ -137,7 +141,7 @@ class WalBuffer(Protocol):
 class PartitionLog:
     def __init__(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                  committed_end: int, log_start_offset: int, wal: WalBuffer,
-                 caches: ReadCaches) -> None:
+                 caches: ReadCaches, refused_sequences: RefusedSequences | None = None) -> None:
         self.topic_id = topic_id
         self.partition = partition
         self.leader_epoch = leader_epoch
@@ -153,6 +157,9 @@ class PartitionLog:
         self.frozen = False
         self.tail: collections.deque[Chunk] = collections.deque()
         self.producers = ProducerStateManager()
+        # Node-wide: batches answered as not written, so gaps they leave are retried.
+        self.refused_sequences = (RefusedSequences() if refused_sequences is None
+                                  else refused_sequences)
         self._committed = trio.Event()
         # Long-polling fetches waiting on several partitions at once register one event here.
         self.waiters: set[trio.Event] = set()
@@ -170,18 +177,23 @@ class PartitionLog:
         `batch_counts` is the number of records of each batch, in order; `producer` the
         idempotent producer's id, epoch and sequences, checked here. No await here.
         """
-        if self.closed is not None:
-            raise self.closed
-        if self.frozen:
-            raise StorageUnavailable("partition frozen until an in-doubt commit is resolved")
+        refusal: LogError | None = self.closed
+        if refusal is None and self.frozen:
+            refusal = StorageUnavailable("partition frozen until an in-doubt commit is "
+                                         "resolved")
+        if refusal is not None:
+            if producer is not None:
+                self.refused_sequences.refused(self.topic_id, self.partition, producer)
+            raise refusal
         if producer is not None:
             try:
                 duplicate = self.producers.check(producer)
             except ProducerError as exc:
-                raise (InvalidProducerEpoch(str(exc)) if exc.kind == "invalid_producer_epoch"
-                       else OutOfOrderSequence(str(exc))) from None
+                raise self._producer_refusal(producer, exc) from None
             if duplicate is not None:
                 raise DuplicateBatch(duplicate)
+            self.refused_sequences.accepted(self.topic_id, self.partition,
+                                            producer.producer_id)
         base = self.next_offset
         position = 0
         offset = base
@@ -199,6 +211,16 @@ class PartitionLog:
             states.append(ProducerStateUpdate(producer.producer_id, producer.epoch, stored))
         self.wal.add(self, pending, records, max_timestamp, len(batch_counts), states)
         return pending
+
+    def _producer_refusal(self, producer: ProducerAppend, exc: ProducerError) -> LogError:
+        if exc.kind == "invalid_producer_epoch":
+            return InvalidProducerEpoch(str(exc))
+        if exc.expected_seq is not None and self.refused_sequences.explains_gap(
+                self.topic_id, self.partition, producer, exc.expected_seq):
+            # The gap is ours (see RefusedSequences): retriable, never written.
+            return StorageUnavailable(f"{exc}: sequence {exc.expected_seq} was answered "
+                                      f"as not written here; it is due first")
+        return OutOfOrderSequence(str(exc))
 
     def committed(self, chunks: list[Chunk]) -> None:
         """A WAL range of ours was committed: resolve its appends, publish it to readers."""

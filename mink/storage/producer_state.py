@@ -25,9 +25,11 @@ DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # producer.id.expiration.ms
 class ProducerError(Exception):
     """A batch the producer state refuses; `kind` names the Kafka error."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, expected_seq: int | None = None):
         super().__init__(message)
         self.kind = kind  # "invalid_producer_epoch" | "out_of_order_sequence_number"
+        # For a batch of the current epoch that skips sequences: the one that was due.
+        self.expected_seq = expected_seq
 
 
 @dataclass(slots=True)
@@ -144,7 +146,8 @@ class ProducerStateManager:
         elif not in_sequence(entry.last_seq, append.first_seq):
             raise ProducerError("out_of_order_sequence_number",
                                 f"producer {append.producer_id}: sequence {append.first_seq} "
-                                f"does not follow {entry.last_seq}")
+                                f"does not follow {entry.last_seq}",
+                                expected_seq=entry.last_seq + 1)
         return None
 
     def record(self, append: ProducerAppend, base_offset: int, last_offset: int,
@@ -181,3 +184,55 @@ class ProducerStateManager:
         self.current = copy.deepcopy(self.committed)
         for append, base_offset, last_offset, pending in surviving:
             self.record(append, base_offset, last_offset, pending)
+
+
+class RefusedSequences:
+    """Per partition and idempotent producer, the lowest sequence this node answered as not
+    written (a retriable error: not leading, closed, frozen, a failed upload or commit),
+    until a batch of that producer is accepted there. Node-wide, so it outlives a partition
+    reopened at a new leader epoch and a re-registration.
+
+    A batch that skips sequences is answered OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka does.
+    But when the skipped batch is one this node itself refused a moment ago (the batch was
+    pipelined behind it), librdkafka takes OUT_OF_ORDER_SEQUENCE_NUMBER on a batch behind
+    the head as a reason to bump its epoch and renumber every queued message, and so sends
+    batches of *other* partitions that may already be written again as new ones:
+    duplicates (confluentinc/librdkafka#4953). A gap this node made is answered with the
+    retriable error instead, so the client re-sends the missing batch first, in order."""
+
+    MAX_ENTRIES = 65536
+    TTL_S = 600.0  # longer than any client's delivery timeout (Kafka's default is 120 s)
+
+    def __init__(self) -> None:
+        # (topic id, partition, producer id) -> (epoch, lowest refused sequence, when)
+        self._entries: collections.OrderedDict[tuple, tuple[int, int, float]] = (
+            collections.OrderedDict())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def refused(self, topic_id, partition: int, append: ProducerAppend) -> None:
+        key = (topic_id, partition, append.producer_id)
+        now = time.monotonic()
+        old = self._entries.pop(key, None)
+        if (old is not None and old[0] == append.epoch and old[1] <= append.first_seq
+                and now - old[2] < self.TTL_S):
+            self._entries[key] = old
+        else:
+            self._entries[key] = (append.epoch, append.first_seq, now)
+        while len(self._entries) > self.MAX_ENTRIES:
+            self._entries.popitem(last=False)
+
+    def explains_gap(self, topic_id, partition: int, append: ProducerAppend,
+                     expected_seq: int) -> bool:
+        """Whether the sequences `append` skips start at one this node refused."""
+        entry = self._entries.get((topic_id, partition, append.producer_id))
+        if entry is None:
+            return False
+        epoch, first_refused, when = entry
+        return (epoch == append.epoch and time.monotonic() - when < self.TTL_S
+                and first_refused <= expected_seq < append.first_seq)
+
+    def accepted(self, topic_id, partition: int, producer_id: int) -> None:
+        if self._entries:
+            self._entries.pop((topic_id, partition, producer_id), None)

@@ -11,7 +11,7 @@ import trio
 from mink.storage.lifecycle.store import mark_wal_settled, undecided_keys, wal_marks
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
 from mink.storage.observer import NO_OBSERVER, StorageObserver
-from mink.storage.producer_state import decode_entry
+from mink.storage.producer_state import RefusedSequences, decode_entry
 from mink.storage.wal import WalWriter, wal_key
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,11 @@ class Streams:
                  tail_cache_bytes: int = 256 * 1024 * 1024,
                  block_cache_bytes: int = 256 * 1024 * 1024,
                  on_node_fenced: Callable[[], None] | None = None,
-                 observer: StorageObserver = NO_OBSERVER) -> None:
+                 observer: StorageObserver = NO_OBSERVER,
+                 refused_sequences: RefusedSequences | None = None) -> None:
         self.node_id = node_id
+        self.refused_sequences = (RefusedSequences() if refused_sequences is None
+                                  else refused_sequences)
         self.observer = observer
         self.node_epoch = node_epoch
         self.metadata = metadata
@@ -80,7 +83,8 @@ class Streams:
         state, producers = await self.metadata.open_stream_with_producers(
             topic_id, partition, leader_epoch, self.node_id, self.node_epoch)
         opened = PartitionLog(topic_id, partition, leader_epoch, state.committed_end,
-                              state.log_start_offset, self.wal, self.caches)
+                              state.log_start_offset, self.wal, self.caches,
+                              self.refused_sequences)
         opened.producers.load([decode_entry(s.producer_id, s.state) for s in producers])
         self.logs[(topic_id, partition)] = opened
         # One line per leadership change (here and in close / _on_fenced).

@@ -144,6 +144,7 @@ class Membership:
             wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
             wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
             commit_timeout=config.commit_timeout, observer=node.metrics.storage,
+            refused_sequences=node.refused_sequences,
             on_node_fenced=lambda: self.stop_leading("a WAL commit found this node's epoch fenced"))
         await node.nursery.start(node.streams.run)
         node.nursery.start_soon(_settle_orphans, node, node.streams)

@@ -20,7 +20,12 @@ from mink.protocol.log_validator import (
     decompressed_size_limit,
     validate_produce_records,
 )
-from mink.protocol.records import CREATE_TIME, LOG_APPEND_TIME
+from mink.protocol.records import (
+    CREATE_TIME,
+    LOG_APPEND_TIME,
+    BatchError,
+    parse_batch_header,
+)
 from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage.log import DuplicateBatch, LogError
 from mink.storage.producer_state import ProducerAppend
@@ -51,6 +56,7 @@ async def handle(node, ctx, request):
         results = {t.name: [_refused(p.index, error, message) for p in t.partition_data]
                    for t in request.topic_data}
         ctx.applied()
+        _remember_not_written(node, request, results)
         if request.acks == 0:
             raise CloseConnection(message or error.name)
         return _response(node, version, results)
@@ -97,7 +103,35 @@ async def handle(node, ctx, request):
                 except LogError as exc:
                     result.error = error_for(exc)
                     result.message = str(exc)
+    _remember_not_written(node, request, results)
     return _response(node, version, results)
+
+
+# Errors that say "not written, retry": what a batch pipelined behind one is told too.
+_NOT_WRITTEN = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error})
+
+
+def _remember_not_written(node, request, results: dict[str, list[_PartitionResult]]) -> None:
+    """Idempotent batches answered as not written, remembered so that a batch pipelined
+    behind one of them is answered retriably rather than OUT_OF_ORDER_SEQUENCE_NUMBER
+    (`RefusedSequences` says why). Covers the refusals no partition log saw (not leading,
+    still opening)."""
+    refused = node.refused_sequences
+    for t in request.topic_data:
+        topic = node.view.topics.get(t.name)
+        if topic is None:
+            continue
+        for data, result in zip(t.partition_data, results.get(t.name, ()), strict=False):
+            if result.error not in _NOT_WRITTEN or not data.records:
+                continue
+            try:
+                header = parse_batch_header(data.records)
+            except BatchError:  # not a v2 batch: no producer to remember
+                continue
+            if header.producer_id >= 0:
+                refused.refused(topic.topic_id, data.index, ProducerAppend(
+                    header.producer_id, header.producer_epoch, header.base_sequence,
+                    header.last_sequence))
 
 
 def _log_too_large(ctx, results: dict[str, list[_PartitionResult]]) -> None:
