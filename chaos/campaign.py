@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import shutil
 import subprocess
@@ -60,6 +61,8 @@ class Campaign:
             client_log = logging.getLogger(name)
             client_log.addHandler(handler)
             client_log.propagate = False
+        if os.environ.get("CHAOS_RDKAFKA_DEBUG"):  # librdkafka's debug lines are DEBUG
+            logging.getLogger("chaos.clients").setLevel(logging.DEBUG)
         self.nodes: dict[int, Node] = {}
         self.workers: list[Any] = []
         self.consumers: list[GroupConsumer] = []

@@ -263,3 +263,17 @@ def test_stalled_producer_is_reported_not_failed():
     [stall] = anomalies["stalled_producer"]
     assert stall["producer"] == "plain-0" and stall["seconds"] > 30
     assert safety_failures(anomalies) == 0
+
+
+def test_an_acknowledgement_without_an_offset_is_checked_for_loss_only():
+    """librdkafka acknowledges messages whose request timed out without an offset when a
+    later batch in sequence proves them written (seed 615 had 25): no crash, no false
+    reorder or wrong offset, but loss is still caught."""
+    events = clean_history()
+    for e in events:
+        if e["type"] == "ack" and e["id"] in ("idem-0-1", "idem-0-2"):
+            e["offset"] = None
+    assert only(check(events)) == {}
+    final(events, 0, 3)["id"] = "plain-0-9"  # idem-0-2, acknowledged without offset, is gone
+    lost = check(events)["lost"]
+    assert [(a["id"], a["partition"], a["offset"]) for a in lost] == [("idem-0-2", 0, None)]
