@@ -25,7 +25,7 @@ from tests.support.raw import (
 )
 from tests.test_interop import confluent_consume, confluent_produce
 
-NONE, OUT_OF_ORDER, INVALID_EPOCH = 0, 45, 47
+NONE, OUT_OF_ORDER, INVALID_EPOCH, STORAGE_ERROR = 0, 45, 47, 56
 
 
 def idempotent_batch(producer_id: int, epoch: int, sequence: int, values: list[bytes]) -> bytes:
@@ -80,6 +80,47 @@ async def test_pipelined_retry_of_an_in_flight_batch_waits_for_it(pg_url, pg_pro
     assert results == [(NONE, 1), (NONE, 1)]
     assert produce_result(await client.call(0, 9, produce_request(
         "inflight", 0, idempotent_batch(init.producer_id, 0, 1, [b"b"])))) == (NONE, 2)
+    await client.aclose()
+
+
+async def test_a_batch_behind_one_refused_while_frozen_is_answered_retriably(
+        pg_url, pg_proxy, store_url, nursery):
+    """PostgreSQL stalls under a commit: the partition freezes and refuses sequence 2 as not
+    written (KAFKA_STORAGE_ERROR). Once the commit lands, sequence 3 (pipelined behind 2 in
+    a client) is answered KAFKA_STORAGE_ERROR too, not OUT_OF_ORDER_SEQUENCE_NUMBER, on which
+    librdkafka would bump its epoch and re-send possibly written batches as new (issue 11)."""
+    from mink.broker.node import run_node
+    from tests.support.postgres import via_proxy
+
+    started = []
+    host, port = await nursery.start(functools.partial(
+        run_node, node_config(via_proxy(pg_url, pg_proxy), store_url, commit_timeout=1.0,
+                              lease_ttl=30.0),
+        on_started=started.append))
+    client = await KafkaClient.connect(f"{host}:{port}")
+    pid = (await client.call(22, 4, init_producer_id_request())).producer_id
+
+    def batch(sequence: int):
+        # A long timeout: after a stall, PostgreSQL connections take seconds to come back.
+        return produce_request("gapped", 0, idempotent_batch(pid, 0, sequence,
+                                                             [b"s%d" % sequence]), timeout_s=60)
+
+    await client.call(0, 9, produce_request("gapped", 0, build_batch([Record(0, 0, None, b"x")])))
+    assert produce_result(await client.call(0, 9, batch(0))) == (NONE, 1)
+    pg_proxy.stall()
+    await client.send(0, 9, batch(1))
+    with trio.fail_after(30):  # its commit is in doubt: the partition freezes
+        while not any(log_.frozen for log_ in started[0].streams.logs.values()):
+            await trio.sleep(0.01)
+    # (On a second connection: answers on one connection keep the order of the requests.)
+    other = await KafkaClient.connect(f"{host}:{port}")
+    assert produce_result(await other.call(0, 9, batch(2))) == (STORAGE_ERROR, -1)
+    await other.aclose()
+    pg_proxy.resume()
+    assert produce_result((await client.receive(0, 9))[1]) == (NONE, 2)
+    assert produce_result(await client.call(0, 9, batch(3))) == (STORAGE_ERROR, -1)
+    assert produce_result(await client.call(0, 9, batch(2))) == (NONE, 3)
+    assert produce_result(await client.call(0, 9, batch(3))) == (NONE, 4)
     await client.aclose()
 
 
