@@ -21,6 +21,7 @@ operations, and closes what the view no longer gives this node.
 from __future__ import annotations
 
 import logging
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ class PartitionSync:
         self.held_by_grace = 2 * min(1.0, node.config.lease_ttl / 6)
         self._held_by: dict[tuple[uuid.UUID, int], float] = {}
         self._sync_lock = trio.Lock()
+        # Brokers go on being listed in Metadata this long after they were last seen live.
+        self.listing_grace = max(30.0, 2 * node.config.lease_ttl)
+        self._last_live: dict[int, tuple[BrokerInfo, float]] = {}
 
     async def run(self) -> None:
         """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop
@@ -112,13 +116,23 @@ class PartitionSync:
 
     async def refresh_view(self) -> None:
         node = self.node
-        view = view_from_snapshot(await node.metadata.view())
+        view = self._with_listed_brokers(view_from_snapshot(await node.metadata.view()))
         # An unchanged snapshot keeps its memo of encoded answers; an older one (a slower
         # concurrent refresh) never replaces a newer one.
         if view != node.view and view.version >= node.view.version:
             node.view = view
         await self.sync_partitions()
         node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
+
+    def _with_listed_brokers(self, view: ClusterView) -> ClusterView:
+        now = trio.current_time()
+        for broker in view.brokers.values():
+            self._last_live[broker.node_id] = (broker, now)
+        for node_id, (_, seen) in list(self._last_live.items()):
+            if now - seen > self.listing_grace:
+                del self._last_live[node_id]
+        listed = {node_id: broker for node_id, (broker, _) in self._last_live.items()}
+        return dataclasses.replace(view, listed_brokers=listed)
 
     async def sync_partitions(self) -> None:
         """Open the partitions the view says this node leads; close the others (seed 000,

@@ -44,6 +44,12 @@ class ClusterView:
     brokers: dict[int, BrokerInfo]
     topics: dict[str, TopicInfo]
     coordinator: int | None = None
+    # The brokers Metadata lists: the live ones, plus those live within the listing grace
+    # (`PartitionSync`): a node whose membership lapsed in a PostgreSQL blip is not dropped
+    # from clients' broker lists, which makes librdkafka tear down its connection and
+    # in-flight requests (and has left its producers stuck for good). Leaders are only
+    # ever live brokers. Empty: the live ones.
+    listed_brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     # Responses computed from this snapshot (encoded Metadata answers): they live and die
     # with it, so they are never stale.
     memo: dict = field(default_factory=dict, compare=False, repr=False)

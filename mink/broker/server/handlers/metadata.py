@@ -51,7 +51,10 @@ def _response(view: ClusterView, version: int, requested, every_topic: bool):
         throttle_time=NO_THROTTLE,
         brokers=tuple(
             build(broker_schema, node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
-            for b in sorted(view.brokers.values(), key=lambda b: b.node_id)
+            # Recently live brokers too (ClusterView.listed_brokers says why); a partition's
+            # leader is named only while it is live.
+            for b in sorted((view.listed_brokers or view.brokers).values(),
+                            key=lambda b: b.node_id)
         ),
         cluster_id=view.cluster_id,
         controller_id=view.controller_id,
