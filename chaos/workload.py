@@ -269,14 +269,26 @@ class GroupConsumer(Worker):
 
 
 def final_read(history: History, bootstrap: str, topic: str, partitions: int,
-               timeout: float = 300.0) -> bool:
+               timeout: float = 300.0, stall_timeout: float = 120.0,
+               hard_limit: float = 1800.0) -> bool:
     """Read every partition from offset 0 up to its high watermark; True if complete.
 
     One consumer per partition, in parallel: reading old data costs the leaders one ranged
-    GET per committed range, so the partitions' leaders are kept busy side by side."""
+    GET per committed range, so the partitions' leaders are kept busy side by side.
+    It gives up when no partition has moved for `stall_timeout` seconds after `timeout`
+    (a slow read on a loaded machine is not a failure; a stuck one is), or at `hard_limit`."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
+    last_progress = [started]
+
+    def reading_on() -> bool:
+        now = time.monotonic()
+        if now < deadline:
+            return True
+        return now - last_progress[0] < stall_timeout and now - started < hard_limit
+
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "chaos-final-read",
                       "logger": CLIENT_LOG})
     high: dict[int, int] = {}
@@ -307,7 +319,7 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
         })
         try:
             consumer.assign([TopicPartition(topic, p, 0)])
-            while position[p] < high[p] and time.monotonic() < deadline:
+            while position[p] < high[p] and reading_on():
                 for msg in consumer.consume(500, timeout=1.0):
                     if msg.error():
                         history.record("consumer_error", consumer=f"final-{p}",
@@ -316,6 +328,7 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
                     history.record("final", partition=msg.partition(), offset=msg.offset(),
                                    id=msg.value().decode(), leader_epoch=msg.leader_epoch())
                     position[p] = max(position[p], msg.offset() + 1)
+                    last_progress[0] = time.monotonic()
         finally:
             consumer.close()
 
@@ -324,7 +337,7 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
     for reader in readers:
         reader.start()
     for reader in readers:
-        reader.join(max(1.0, deadline - time.monotonic() + 30))
+        reader.join(max(1.0, started + hard_limit - time.monotonic() + 30))
     missing = [p for p in position if position[p] < high[p]]
     history.record("final_done", complete=not missing, missing=missing,
                    high={str(p): h for p, h in high.items()},
