@@ -12,8 +12,8 @@ records: bytes and objects in the object store, rows per metadata table, the dat
 size, the node's RSS and how many WAL objects were committed so far; every --restart-s also
 the produce p99 of that interval and the node's restart time (SIGTERM, start, until Metadata
 shows every partition led: the producer retries through it). Lifecycle timings: retention
-checked every 5 s, file.delete.delay.ms 10 s, a WAL flush delay of 50 ms on both stores
-(--wal-max-delay-ms; see run_store).
+checked every 5 s, file.delete.delay.ms 10 s, lease_ttl 15 s (--lease-ttl), a WAL flush
+delay of 50 ms on both stores (--wal-max-delay-ms; see run_store).
 
 Verdict (`verdict()`, a function of the recorded samples only, so `--judge` re-judges a saved
 run without running it again): over the second half of the run, each series may grow by at
@@ -239,7 +239,7 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
     port = free_port()
     env.update({"MINK_NODE_ID": "1", "MINK_LISTENER": f"127.0.0.1:{port}",
                 "MINK_POSTGRES_URL": db_url, "MINK_LOG_LEVEL": "WARNING",
-                "MINK_LEASE_TTL": "6", "MINK_COORDINATOR_TICK": "1",
+                "MINK_LEASE_TTL": str(args.lease_ttl), "MINK_COORDINATOR_TICK": "1",
                 "MINK_LOG_RETENTION_CHECK_INTERVAL_MS": "5000",
                 "MINK_FILE_DELETE_DELAY_MS": "10000", "MINK_NUM_PARTITIONS": str(PARTITIONS),
                 # the same flush delay on both stores (s3's default): with file://'s default
@@ -277,7 +277,12 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
                       "store_bytes": stored_bytes, "store_objects": stored_objects,
                       **metadata_sizes(db_url), "rss_bytes": node.rss_bytes(),
                       "produced": load.produced, "consumed": load.consumed,
-                      "produce_errors": load.errors}
+                      "produce_errors": load.errors,
+                      # the shared machine: its load and the node's self-fencings so far
+                      # (membership not renewed in time), to tell a starved node from a leak
+                      "loadavg_1m": round(os.getloadavg()[0], 2),
+                      "node_fences": node.log_path.read_text(errors="replace").count(
+                          "stops leading")}
             if i % restart_every == 0:
                 latencies = load.take_latencies()
                 sample["produce_p99_ms"] = (None if not latencies
@@ -297,7 +302,8 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
 SERIES = ["store_bytes", "store_objects", *TABLES[:GROWING], "database_bytes", "rss_bytes",
           "produce_p99_ms", "restart_s"]
 # Plotted beside the verdict's series, not judged: the load itself.
-LOAD_SERIES = ["wal_objects_live", "wal_objects_inserted", "consumed"]
+LOAD_SERIES = ["wal_objects_live", "wal_objects_inserted", "consumed", "loadavg_1m",
+               "node_fences"]
 MAX_GROWTH = 0.10
 # Below these levels a change is a handful of rows (or milliseconds), not growth: the
 # growth is taken relative to at least this much.
@@ -453,6 +459,10 @@ def main() -> None:
                         help="seconds between samples of the sizes")
     parser.add_argument("--restart-s", type=float, default=60,
                         help="seconds between restarts (and produce p99 samples)")
+    parser.add_argument("--lease-ttl", type=float, default=15,
+                        help="the node's lease_ttl, s: a restart waits up to half of it for "
+                        "the old incarnation's registration; too short and a node starved "
+                        "by a busy machine fences itself")
     parser.add_argument("--wal-max-delay-ms", type=float, default=50,
                         help="the node's WAL flush delay on every store")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
