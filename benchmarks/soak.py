@@ -304,6 +304,7 @@ SERIES = ["store_bytes", "store_objects", *TABLES[:GROWING], "database_bytes", "
 # Plotted beside the verdict's series, not judged: the load itself.
 LOAD_SERIES = ["wal_objects_live", "wal_objects_inserted", "consumed", "loadavg_1m",
                "node_fences"]
+RATES = {"wal_objects_inserted": "WAL objects committed /s", "consumed": "consumed /s"}
 MAX_GROWTH = 0.10
 # Below these levels a change is a handful of rows (or milliseconds), not growth: the
 # growth is taken relative to at least this much.
@@ -365,6 +366,9 @@ def plot_run(run: dict, png: Path) -> bool:
     half_t = samples[-1]["t_s"] / 2
     for ax, name in zip(axes.flat, names):
         points = [(s["t_s"] / 60, s[name]) for s in samples if s.get(name) is not None]
+        if name in RATES:  # a running count: plot its rate between samples
+            points = [(t1, (v1 - v0) / ((t1 - t0) * 60))
+                      for (t0, v0), (t1, v1) in zip(points, points[1:]) if t1 > t0]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=".",
                     markersize=3, linewidth=0.8)
@@ -374,7 +378,8 @@ def plot_run(run: dict, png: Path) -> bool:
                     [judged["trend_half"], judged["trend_end"]], color="red", linewidth=1.2)
             title = f"{name}: {judged['growth']:+.1%} {'ok' if judged['ok'] else 'FAIL'}"
         else:
-            title = f"{name} (load, not judged)" if name in LOAD_SERIES else name
+            title = f"{RATES.get(name, name)} (load, not judged)" if name in LOAD_SERIES \
+                else name
         ax.set_title(title, fontsize=9)
         ax.axvline(half_t / 60, color="grey", linewidth=0.6, linestyle="--")
         ax.set_xlabel("minutes", fontsize=8)
