@@ -73,3 +73,39 @@ def test_a_handful_of_rows_is_not_growth():
 def test_too_few_samples_give_no_verdict_rather_than_a_pass():
     result = verdict([{"t_s": 10.0 * (i + 1), "wal_objects": 1} for i in range(4)])
     assert "ok" not in result["wal_objects"]
+
+
+def counted(values: list[float], rates: list[float]) -> dict:
+    """Samples of wal_objects with the node's object rate given per interval."""
+    samples, committed = [], 0.0
+    for i, (value, rate) in enumerate(zip(values, rates)):
+        committed += rate * SAMPLE_S
+        samples.append({"t_s": (i + 1) * SAMPLE_S, "wal_objects": value,
+                        "wal_objects_inserted": round(committed)})
+    return verdict(samples)["wal_objects"]
+
+
+def test_a_count_that_follows_a_rising_object_rate_passes_by_its_window():
+    # the node writes 40% more objects a second in the second half (a busier or an idler
+    # machine), each staying 380 s: the count rises with the rate, its window does not
+    half = SAMPLES // 2
+    rates = [10.0 if i < half else 10.0 * (1 + 0.4 * (i - half) / (SAMPLES - half))
+             for i in range(SAMPLES)]
+    window_s = 380
+    values = []
+    for i in range(SAMPLES):
+        kept = rates[max(0, i - window_s // 10):i + 1]
+        values.append(sum(kept) * SAMPLE_S)
+    result = counted(values, rates)
+    assert result["growth"] > 0.10, result  # the raw trend alone would fail it
+    assert result["ok"] and abs(result["window_growth"]) <= 0.10, result
+
+
+def test_a_leak_fails_by_its_count_and_its_window():
+    # a constant object rate, and rows that stay: the count and the window grow by 20%
+    rates = [10.0] * SAMPLES
+    half = SAMPLES // 2
+    values = [3800 * (1 + 0.2 * (i - half) / (SAMPLES - 1 - half)) for i in range(SAMPLES)]
+    result = counted(values, rates)
+    assert not result["ok"], result
+    assert result["window_growth"] > 0.10, result
