@@ -23,7 +23,9 @@ these series swing with retention and collection cycles (a retention step drops 
 rows at once, collection deletes in batches, the object rate follows the shared machine's
 load), so "last value against half-way value" judges the phase of a swing, not growth. A
 leak is a trend: a series growing steadily by 20% over the half has a trend of 20% and
-fails, one swinging around a level has a trend near 0 and passes.
+fails, one swinging around a level has a trend near 0 and passes. A series counted in
+objects or index rows may also pass by its window (the count divided by the node's object
+rate: see COUNTED), since the node's object rate follows the shared machine's load.
 
 Results: `<out>/soak-<stamp>.json` (every sample), a Markdown summary with the verdict and
 the tables' sizes at the start and the end, and one PNG per store (a grid with one small plot
