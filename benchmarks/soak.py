@@ -17,8 +17,8 @@ delay of 50 ms on both stores (--wal-max-delay-ms; see run_store).
 
 Verdict (`verdict()`, a function of the recorded samples only, so `--judge` re-judges a saved
 run without running it again): over the second half of the run, each series may grow by at
-most 10%, growth being the least-squares trend of its second-half samples extrapolated
-across the second half, relative to the trend's value at the half-way point. Why a trend:
+most 10%, growth being the trend of its second-half samples (a Theil-Sen line: the median
+of the slopes between every two samples) extrapolated across the second half, relative to the trend's value at the half-way point. Why a trend:
 these series swing with retention and collection cycles (a retention step drops a minute of
 rows at once, collection deletes in batches, the object rate follows the shared machine's
 load), so "last value against half-way value" judges the phase of a swing, not growth. A
@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -316,15 +317,17 @@ DEFAULT_FLOOR = 50.0
 
 def trend_growth(times: list[float], values: list[float], floor: float) -> tuple[float, float,
                                                                                float]:
-    """Least-squares line through (times, values): (its value at the first time, at the last
-    time, growth between them relative to max(first, floor))."""
-    n = len(times)
-    mean_t, mean_v = sum(times) / n, sum(values) / n
-    var_t = sum((t - mean_t) ** 2 for t in times)
-    slope = 0.0 if var_t == 0 else sum(
-        (t - mean_t) * (v - mean_v) for t, v in zip(times, values)) / var_t
-    start = mean_v + slope * (times[0] - mean_t)
-    end = mean_v + slope * (times[-1] - mean_t)
+    """The Theil-Sen line through (times, values): the median of the slopes between every
+    two samples, through the median of the values less that slope. Returns its value at the
+    first time, at the last, and the growth between them relative to max(first, floor).
+    A least-squares line would do for steady swings, but one spike near the end (a
+    collection batch caught in flight) tilts it; the median ignores a few spikes."""
+    slopes = sorted((values[j] - values[i]) / (times[j] - times[i])
+                    for i in range(len(times)) for j in range(i + 1, len(times))
+                    if times[j] > times[i])
+    slope = statistics.median(slopes) if slopes else 0.0
+    offset = statistics.median(v - slope * t for t, v in zip(times, values))
+    start, end = offset + slope * times[0], offset + slope * times[-1]
     return start, end, (end - start) / max(start, floor)
 
 
@@ -361,7 +364,7 @@ def object_rates(samples: list[dict]) -> list[float | None]:
 
 def verdict(samples: list[dict]) -> dict[str, Any]:
     """Each series over the second half of the run (samples from half the last sample's time
-    on): the least-squares trend's growth across that half, at most MAX_GROWTH (or, for the
+    on): the Theil-Sen trend's growth across that half, at most MAX_GROWTH (or, for the
     COUNTED series, its window's: see above). Also its second half's range (min, max), so a
     reader sees how far it swings around the trend."""
     if not samples:
@@ -436,7 +439,7 @@ def plot_run(run: dict, png: Path) -> bool:
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
-    fig.suptitle(f"soak on {run['store']}: red = least-squares trend over the second half",
+    fig.suptitle(f"soak on {run['store']}: red = trend (Theil-Sen) over the second half",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=80)
@@ -453,11 +456,15 @@ def report_lines(report: dict, stamp: str, out: Path) -> list[str]:
         if not samples:
             continue
         first, last = samples[0], samples[-1]
-        verdict_ok = all(v.get("ok", True) for v in run["verdict"].values()
-                         if isinstance(v, dict))
-        lines += [f"## {run['store']}: {'PASS' if verdict_ok else 'FAIL'}", "",
+        judged = [v for v in run["verdict"].values() if isinstance(v, dict)]
+        failed = [name for name, v in run["verdict"].items()
+                  if isinstance(v, dict) and v.get("ok") is False]
+        outcome = ("FAIL: " + ", ".join(failed) if failed
+                   else "PASS" if judged and all("ok" in v for v in judged)
+                   else "no verdict for every series")
+        lines += [f"## {run['store']}: {outcome}", "",
                   f"{len(samples)} samples over {last['t_s'] / 60:.1f} minutes; growth = the "
-                  f"least-squares trend over the second half (from {last['t_s'] / 120:.1f} "
+                  f"trend (Theil-Sen) over the second half (from {last['t_s'] / 120:.1f} "
                   f"min), extrapolated across it, at most {MAX_GROWTH:.0%}.", "",
                   "Series counted in objects or index rows may pass by their window instead"
                   f" (the series / WAL objects committed a second over the trailing "
@@ -486,6 +493,15 @@ def report_lines(report: dict, stamp: str, out: Path) -> list[str]:
                   f"WAL objects committed {last.get('wal_objects_inserted')} "
                   f"({(last.get('wal_objects_inserted') or 0) / last['t_s']:.1f}/s over "
                   f"{minutes:.1f} min)", ""]
+        loads = [(s["t_s"], s["loadavg_1m"]) for s in samples if "loadavg_1m" in s]
+        if loads:
+            first_half = [v for t, v in loads if t < last["t_s"] / 2]
+            second_half = [v for t, v in loads if t >= last["t_s"] / 2]
+            lines += [f"The machine's 1-minute load average (2 cores, shared): median "
+                      f"{statistics.median(first_half or [0]):.1f} in the first half, "
+                      f"{statistics.median(second_half or [0]):.1f} in the second "
+                      f"(range {min(v for _, v in loads):.1f} to {max(v for _, v in loads):.1f}"
+                      f"); the node fenced itself {last.get('node_fences', 0)} times.", ""]
         png = out / f"soak-{stamp}-{run['store']}.png"
         if plot_run(run, png):
             lines.append(f"![{run['store']}]({png.name})")

@@ -21,18 +21,30 @@ def test_flat_series_passes():
 
 
 def test_series_swinging_around_a_level_passes_whatever_the_phase():
-    # retention drops a minute of rows at once: a sawtooth of +-25% with a 60 s period; and a
-    # +-20% swing with a 2-minute period. Every phase: the half-way sample on a trough and
-    # the last one on a peak too (the old last-against-half criterion judged exactly that).
-    for phase in range(12):
-        sawtooth = [1000 * (0.75 + 0.5 * (((i + phase) % 6) / 5)) for i in range(SAMPLES)]
-        assert judged(sawtooth)["ok"], (phase, judged(sawtooth))
-        swing = [1000 * (1 + 0.2 * math.sin(2 * math.pi * (i + phase) / 12))
-                 for i in range(SAMPLES)]
-        assert judged(swing)["ok"], (phase, judged(swing))
+    # retention drops a minute of rows at once: a sawtooth of +-25% with a 60 or 70 s period;
+    # and a +-20% swing with a 90 s or a 2-minute period. Every phase: the half-way sample on
+    # a trough and the last one on a peak too (the old last-against-half criterion judged
+    # exactly that, and failed these by up to +66%).
+    for period in (6, 7):
+        for phase in range(period):
+            sawtooth = [1000 * (0.75 + 0.5 * (((i + phase) % period) / (period - 1)))
+                        for i in range(SAMPLES)]
+            assert judged(sawtooth)["ok"], (period, phase, judged(sawtooth))
+    for period in (9, 12):
+        for phase in range(period):
+            swing = [1000 * (1 + 0.2 * math.sin(2 * math.pi * (i + phase) / period))
+                     for i in range(SAMPLES)]
+            assert judged(swing)["ok"], (period, phase, judged(swing))
     noise = random.Random(16)
     noisy = [1000 * (1 + noise.uniform(-0.25, 0.25)) for _ in range(SAMPLES)]
     assert judged(noisy)["ok"], judged(noisy)
+
+
+def test_a_spike_near_the_end_is_not_growth():
+    # objects_to_delete: empty but while a collection batch is in flight
+    spiky = [0.0] * SAMPLES
+    spiky[-10], spiky[-30] = 111.0, 47.0
+    assert judged(spiky)["ok"], judged(spiky)
 
 
 def test_steady_growth_of_20_percent_over_the_second_half_fails():
