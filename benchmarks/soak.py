@@ -18,7 +18,8 @@ delay of 50 ms on both stores (--wal-max-delay-ms; see run_store).
 Verdict (`verdict()`, a function of the recorded samples only, so `--judge` re-judges a saved
 run without running it again): over the second half of the run, each series may grow by at
 most 10%, growth being the trend of its second-half samples (a Theil-Sen line: the median
-of the slopes between every two samples) extrapolated across the second half, relative to the trend's value at the half-way point. Why a trend:
+of the slopes between every two samples) extrapolated across the second half, relative
+to the trend's value at the half-way point. Why a trend:
 these series swing with retention and collection cycles (a retention step drops a minute of
 rows at once, collection deletes in batches, the object rate follows the shared machine's
 load), so "last value against half-way value" judges the phase of a swing, not growth. A
