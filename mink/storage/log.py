@@ -29,11 +29,22 @@ from mink.storage.producer_state import (
     ProducerError,
     ProducerStateManager,
 )
+from mink.storage.stream_object import (
+    StreamFooter,
+    StreamObjectError,
+    StreamObjectReader,
+    decode_footer,
+    is_stream_object,
+)
 
 
 log = logging.getLogger(__name__)
 
 _BATCH_POSITION = struct.Struct(">qi")  # baseOffset, batchLength
+# Stream objects are read in blocks of this size (cached, shared by readers of any size: a
+# sequential reader reads ahead), their footers kept for this many objects.
+STREAM_BLOCK_BYTES = 1024 * 1024
+FOOTER_CACHE_ENTRIES = 4096
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 
 
@@ -294,7 +305,7 @@ class PartitionLog:
                                                              timestamp)
         if row is None:
             return None
-        data = await self.caches.get_block(row.object_key, row.byte_start, row.byte_end)
+        data = await self.caches.batches_reaching(row, timestamp)
         for header, batch in iter_batches(data):
             if header.max_timestamp < timestamp:
                 continue
@@ -393,6 +404,7 @@ class ReadCaches:
         self.block_used = 0
         self._blocks: collections.OrderedDict[tuple[str, int, int], bytes] = (
             collections.OrderedDict())
+        self._footers: collections.OrderedDict[str, StreamFooter] = collections.OrderedDict()
 
     def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
         log_.tail.append(chunk)
@@ -425,6 +437,16 @@ class ReadCaches:
             chunks: list[Chunk] = []
             size = 0
             for row in rows:
+                if is_stream_object(row.object_key):
+                    # A tiered row: only the batches wanted, through the object's footer.
+                    reader = await self.stream_reader(row)
+                    base, last, data = await reader.read(max(offset, row.base_offset),
+                                                         max_bytes - size)
+                    chunks.append(Chunk(base, last, data))
+                    size += len(data)
+                    if size >= max_bytes or last < row.last_offset:
+                        break
+                    continue
                 data = await self.get_block(row.object_key, row.byte_start, row.byte_end)
                 chunks.append(Chunk(row.base_offset, row.last_offset, data))
                 size += len(data)
@@ -433,9 +455,43 @@ class ReadCaches:
             return chunks
         except ObjectNotFound as exc:
             raise ObjectGone(f"reading offset {offset}: {exc}") from exc
+        except StreamObjectError as exc:
+            raise StorageUnavailable(f"reading offset {offset}: {exc}") from exc
         except (MetadataError, ObjectStoreError) as exc:
             # Retriable for the client; reads of cached data go on meanwhile.
             raise StorageUnavailable(f"reading offset {offset} from the store: {exc}") from exc
+
+    async def stream_reader(self, row) -> StreamObjectReader:
+        """The reader of a stream object's row: its footer from the cache, or one ranged GET
+        of the bytes after the row's data (the footer); the batches then come in
+        block-aligned ranges through the block cache."""
+        footer = self._footers.get(row.object_key)
+        if footer is None:
+            tail = await self.objects.get(row.object_key, row.byte_end)
+            footer = decode_footer(tail, row.byte_end)
+            self._footers[row.object_key] = footer
+            while len(self._footers) > FOOTER_CACHE_ENTRIES:
+                self._footers.popitem(last=False)
+        else:
+            self._footers.move_to_end(row.object_key)
+        key = row.object_key
+
+        async def block(start: int, end: int) -> bytes:
+            return await self.get_block(key, start, end)
+
+        return StreamObjectReader(footer, block, STREAM_BLOCK_BYTES)
+
+    async def batches_reaching(self, row, timestamp: int) -> bytes | memoryview:
+        """Batches of an index row from the first whose max timestamp reaches `timestamp`
+        (ListOffsets): the whole row of a WAL object, the one batch a stream object's time
+        index leads to."""
+        if not is_stream_object(row.object_key):
+            return await self.get_block(row.object_key, row.byte_start, row.byte_end)
+        try:
+            found = await (await self.stream_reader(row)).first_batch_reaching(timestamp)
+        except StreamObjectError as exc:
+            raise StorageUnavailable(f"reading {row.object_key}: {exc}") from exc
+        return b"" if found is None else found[1]
 
     async def get_block(self, key: str, start: int, end: int) -> bytes:
         block_key = (key, start, end)
