@@ -302,3 +302,44 @@ async def test_a_cold_fetch_of_a_stream_object_reads_its_footer_and_a_block(
     gets.clear()
     assert (await reader.offset_for_timestamp(BASE_TS + 40_000))[0] > 0
     assert all(start != row.byte_end for _, start, _, _ in gets), "the footer is cached"
+
+
+async def test_the_leader_commits_while_rounds_swap_its_rows(metadata, nursery):
+    """Rounds run beside the leader's commits: no append fails, the committed end is the
+    leader's alone, and what was appended reads back the same, all tiered."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 2)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    logs = [await streams.open(topic.topic_id, p, 0) for p in range(2)]
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    expected: dict[int, list] = {0: [], 1: []}
+    swapped = 0
+
+    async def producer(p: int) -> None:
+        for i in range(300):
+            value = b"%d-%d" % (p, i) * 50
+            base = await append(logs[p], [value]).wait(30)
+            expected[p].append((base, value))
+
+    async with trio.open_nursery() as producers:
+        for p in range(2):
+            producers.start_soon(producer, p)
+        while True:
+            await trio.sleep(0.01)
+            for plan in tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0),
+                                                    20_000):
+                await tiering.write_stream_object(metadata, objects, epoch, plan)
+                swapped += 1
+            if all(len(expected[p]) == 300 for p in range(2)):
+                break
+    for plan in tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 20_000):
+        await tiering.write_stream_object(metadata, objects, epoch, plan)
+    assert swapped > 4, "rounds ran while the producers appended"
+    assert await tiering.backlog(metadata) == (0, 0)
+    cold = Streams(1, streams.node_epoch, objects, metadata)
+    for p in range(2):
+        state = await metadata.stream_state(topic.topic_id, p)
+        assert state.committed_end == logs[p].high_watermark == 300
+        assert await read_all(_reader(cold, topic.topic_id, p, state)) == expected[p]
