@@ -343,3 +343,39 @@ async def test_the_leader_commits_while_rounds_swap_its_rows(metadata, nursery):
         state = await metadata.stream_state(topic.topic_id, p)
         assert state.committed_end == logs[p].high_watermark == 300
         assert await read_all(_reader(cold, topic.topic_id, p, state)) == expected[p]
+
+
+async def test_readers_missing_the_same_block_share_one_get():
+    from mink.storage.log import ReadCaches
+    from mink.storage.objectstore import ObjectStoreUnavailable
+
+    calls = []
+    fail_first = [True]
+
+    class Slow:
+        async def get(self, key, start=0, end=None):
+            calls.append((key, start, end))
+            await trio.sleep(0.05)
+            if key == "flaky" and fail_first[0]:
+                fail_first[0] = False
+                raise ObjectStoreUnavailable("first GET fails")
+            return b"x" * (end - start)
+
+    caches = ReadCaches(None, Slow(), 0, 1 << 20)
+    results = []
+
+    async def read(key):
+        try:
+            results.append(len(await caches.get_block(key, 0, 100)))
+        except ObjectStoreUnavailable:
+            results.append("failed")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(read, "shared")
+        for _ in range(3):
+            nursery.start_soon(read, "flaky")
+    assert calls.count(("shared", 0, 100)) == 1, "one GET for five readers"
+    assert calls.count(("flaky", 0, 100)) == 2, "a failed GET is tried again by a waiter"
+    assert results.count(100) == 7 and results.count("failed") == 1
+    assert caches.block_used == 200

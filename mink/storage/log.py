@@ -388,6 +388,14 @@ def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int,
     return size, offset
 
 
+@dataclass(eq=False, slots=True)
+class _BlockLoad:
+    """A block being read from the store; readers of the same block wait for it."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes | None = None
+
+
 class ReadCaches:
     """The tail cache (recent committed ranges of every open log) and a block cache of
     ranged GETs, both bounded in bytes; cold reads go through the index in PostgreSQL."""
@@ -405,6 +413,7 @@ class ReadCaches:
         self._blocks: collections.OrderedDict[tuple[str, int, int], bytes] = (
             collections.OrderedDict())
         self._footers: collections.OrderedDict[str, StreamFooter] = collections.OrderedDict()
+        self._loading: dict[tuple[str, int, int], _BlockLoad] = {}
 
     def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
         log_.tail.append(chunk)
@@ -495,11 +504,26 @@ class ReadCaches:
 
     async def get_block(self, key: str, start: int, end: int) -> bytes:
         block_key = (key, start, end)
-        data = self._blocks.get(block_key)
-        if data is not None:
-            self._blocks.move_to_end(block_key)
-            return data
-        data = await self.objects.get(key, start, end)
+        while True:
+            data = self._blocks.get(block_key)
+            if data is not None:
+                self._blocks.move_to_end(block_key)
+                return data
+            # Readers missing the same block at once share one GET (catch-up readers of
+            # one partition read the same blocks of its stream objects).
+            loading = self._loading.get(block_key)
+            if loading is None:
+                break
+            await loading.done.wait()
+            if loading.data is not None:
+                return loading.data
+            # the GET failed for its reader: this one tries itself
+        loading = self._loading[block_key] = _BlockLoad()
+        try:
+            data = loading.data = await self.objects.get(key, start, end)
+        finally:
+            del self._loading[block_key]
+            loading.done.set()
         self._blocks[block_key] = data
         self.block_used += len(data)
         while self.block_used > self.block_budget and self._blocks:

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import msgspec
+import trio
 
 from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD, BatchHeader, parse_batch_header
 
@@ -195,10 +196,18 @@ class StreamObjectReader:
             return memoryview(b"")
         size = self.block_size
         first, last = start // size, (end - 1) // size
-        blocks = []
-        for n in range(first, last + 1):
-            blocks.append(await self.get_block(n * size,
-                                               min((n + 1) * size, self.footer.data_length)))
+        blocks: list[bytes] = [b""] * (last - first + 1)
+
+        async def block(n: int) -> None:
+            blocks[n - first] = await self.get_block(
+                n * size, min((n + 1) * size, self.footer.data_length))
+
+        if first == last:
+            await block(first)
+        else:  # the blocks of one read at once
+            async with trio.open_nursery() as nursery:
+                for n in range(first, last + 1):
+                    nursery.start_soon(block, n)
         if first == last:
             skip = start - first * size
             return memoryview(blocks[0])[skip:skip + end - start]
