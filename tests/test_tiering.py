@@ -1,4 +1,4 @@
-"""Tiering on live nodes (subprocesses, PostgreSQL, file://) with confluent-kafka: what
+"""Tiering on live nodes (subprocesses, PostgreSQL, file:// and moto S3) with confluent-kafka: what
 consumers read, Fetch at arbitrary offsets and ListOffsets by timestamp are the same before
 and after WAL objects are rewritten into stream objects and collected; a tiering node
 SIGKILLed mid-round loses nothing and leaves no referenced object deleted."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 import trio
 
 from mink.storage.embedded_postgres import free_port
@@ -16,6 +17,7 @@ from mink.storage.lifecycle import tiering
 from mink.storage.objectstore import open_object_store
 from mink.storage.stream_object import is_stream_object
 from tests.support.nodes import node_config
+from tests.support.s3 import s3_options
 from tests.test_lifecycle import create_topic
 from tests.test_wal import metadata  # noqa: F401  (fixture)
 
@@ -121,11 +123,26 @@ async def index_keys(metadata) -> set[str]:
         READ, "SELECT DISTINCT object_key FROM batch_index")}
 
 
+@pytest.fixture(params=["file", "s3"])
+def store(request, store_url):
+    """(store URL, node settings to reach it, the store opened for the test's checks)."""
+    if request.param == "file":
+        return store_url, {}, open_object_store(store_url)
+    endpoint = request.getfixturevalue("s3_endpoint")
+    url = request.getfixturevalue("s3_bucket_url")
+    options = s3_options(endpoint)
+    settings = {"s3_endpoint_url": endpoint, "s3_region": options["region"],
+                "s3_access_key_id": options["access_key_id"],
+                "s3_secret_access_key": options["secret_access_key"]}
+    return url, settings, open_object_store(url, **options)
+
+
 async def test_clients_read_the_same_before_and_after_tiering(
-        pg_url, store_url, node_processes, metadata):
+        pg_url, store, node_processes, metadata):
     partitions, n = 3, 3000
+    store_url, store_settings, objects = store
     config = node_config(pg_url, store_url, listener=f"127.0.0.1:{free_port()}",
-                         **{**FAST, "tiering_delay_ms": -1})
+                         **{**FAST, **store_settings, "tiering_delay_ms": -1})
     untiered = node_processes(config)
     await trio.to_thread.run_sync(untiered.start)
     await trio.to_thread.run_sync(create_topic, untiered.address, "tiered", partitions)
@@ -137,9 +154,8 @@ async def test_clients_read_the_same_before_and_after_tiering(
     await trio.to_thread.run_sync(untiered.stop)
 
     tiering_node = node_processes(node_config(pg_url, store_url, listener=config.listener,
-                                              **FAST))
+                                              **FAST, **store_settings))
     await trio.to_thread.run_sync(tiering_node.start)
-    objects = open_object_store(store_url)
 
     async def tiered_and_collected() -> bool:
         return (await tiering.backlog(metadata))[0] == 0 and not await objects.list("wal/")
