@@ -379,3 +379,50 @@ async def test_readers_missing_the_same_block_share_one_get():
     assert calls.count(("flaky", 0, 100)) == 2, "a failed GET is tried again by a waiter"
     assert results.count(100) == 7 and results.count("failed") == 1
     assert caches.block_used == 200
+
+
+async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery):
+    """A reader walking a stream object asks PostgreSQL once per row; when retention takes
+    the row and collection its object, the next read re-resolves: out of range, never
+    garbage."""
+    from mink.storage.log import OffsetOutOfRange
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 40)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    await tiering.write_stream_object(metadata, objects, epoch, plan)
+    lookups = []
+
+    class CountingMetadata:
+        async def find_batches(self, *args, **kwargs):
+            lookups.append(args)
+            return await metadata.find_batches(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(metadata, name)
+
+    cold = Streams(1, streams.node_epoch, objects, CountingMetadata())
+    reader = _reader(cold, topic.topic_id, 0, await metadata.stream_state(topic.topic_id, 0))
+    offset, fetches = 0, 0
+    while offset < 20:
+        got = values_of(await reader.read(offset, 1000))
+        offset = got[-1][0] + 1
+        fetches += 1
+    assert fetches > 3 and len(lookups) == 1, "one index lookup for the whole walk"
+
+    await lifecycle.delete_records(metadata, topic.topic_id, 0, 0, 1, streams.node_epoch, -1)
+    await delete_everything_due(metadata, objects)
+    assert await objects.list("stream/") == []
+    # (blocks already in the block cache would still be served until the log learns the new
+    # log start, as the tail cache is: what a read must never do is guess past a gone object)
+    cold.caches._blocks.clear()
+    cold.caches.block_used = 0
+    with pytest.raises(OffsetOutOfRange):
+        await reader.read(offset, 1000)
+    assert reader.log_start_offset == log.high_watermark
+    assert reader.key not in cold.caches._stream_rows, "the gone row is forgotten"

@@ -414,6 +414,9 @@ class ReadCaches:
             collections.OrderedDict())
         self._footers: collections.OrderedDict[str, StreamFooter] = collections.OrderedDict()
         self._loading: dict[tuple[str, int, int], _BlockLoad] = {}
+        # The stream object row each partition was last read from (read_cold).
+        self._stream_rows: collections.OrderedDict[tuple[uuid.UUID, int], object] = (
+            collections.OrderedDict())
 
     def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
         log_.tail.append(chunk)
@@ -441,13 +444,25 @@ class ReadCaches:
 
     async def read_cold(self, log_: PartitionLog, offset: int, max_bytes: int) -> list[Chunk]:
         try:
-            rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
-                                                    max_rows=16)
+            # A stream object's row covers tens of MiB: a reader walking through it asks
+            # PostgreSQL once, not at every Fetch (the row never changes; if retention takes
+            # it, its object goes only after file.delete.delay.ms, and a read that finds it
+            # gone forgets it and asks again).
+            cached = self._stream_rows.get(log_.key)
+            if cached is not None and cached.base_offset <= offset <= cached.last_offset:
+                self._stream_rows.move_to_end(log_.key)
+                rows = [cached]
+            else:
+                rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
+                                                        max_rows=16)
             chunks: list[Chunk] = []
             size = 0
             for row in rows:
                 if is_stream_object(row.object_key):
                     # A tiered row: only the batches wanted, through the object's footer.
+                    self._stream_rows[log_.key] = row
+                    while len(self._stream_rows) > FOOTER_CACHE_ENTRIES:
+                        self._stream_rows.popitem(last=False)
                     reader = await self.stream_reader(row)
                     base, last, data = await reader.read(max(offset, row.base_offset),
                                                          max_bytes - size)
@@ -463,8 +478,10 @@ class ReadCaches:
                     break
             return chunks
         except ObjectNotFound as exc:
+            self._stream_rows.pop(log_.key, None)
             raise ObjectGone(f"reading offset {offset}: {exc}") from exc
         except StreamObjectError as exc:
+            self._stream_rows.pop(log_.key, None)
             raise StorageUnavailable(f"reading offset {offset}: {exc}") from exc
         except (MetadataError, ObjectStoreError) as exc:
             # Retriable for the client; reads of cached data go on meanwhile.
