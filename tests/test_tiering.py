@@ -23,9 +23,10 @@ from tests.test_wal import metadata  # noqa: F401  (fixture)
 
 TIMEOUT = 60
 BASE_TS = 1_700_000_000_000
-# Tiering within 2 s (rounds every 0.5 s), small stream objects, collection without delay.
+# Tiering within 2 s (rounds every 0.5 s), small stream objects, collection without delay;
+# a job may take 10 s (a loaded machine), an upload left by a killed round goes after 20 s.
 FAST = dict(tiering_delay_ms=2000, tiering_stream_object_bytes=256 * 1024,
-            tiering_upload_timeout_ms=4000, file_delete_delay_ms=200, lease_ttl=3.0,
+            tiering_upload_timeout_ms=20_000, file_delete_delay_ms=200, lease_ttl=3.0,
             coordinator_tick=0.5)
 
 

@@ -93,7 +93,7 @@ class TieringWorker:
                     done["failed"] += 1
                     log.warning("stream object of %s-%d [%d, %d] not written: %s",
                                 plan.topic_id, plan.partition, plan.base_offset,
-                                plan.last_offset, exc)
+                                plan.last_offset, repr(exc))
 
         with trio.CancelScope() as fenced:
             async with trio.open_nursery() as nursery:
