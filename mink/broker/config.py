@@ -55,6 +55,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_retention_check_interval_ms: int = 300_000
     file_delete_delay_ms: int = 60_000
     producer_id_expiration_ms: int = 86_400_000
+    # Tiering (seed 000's tiering worker, on the coordinator lease holder): a committed WAL
+    # object is rewritten into per-partition stream objects of about tiering_stream_object_bytes
+    # within tiering_delay_ms (-1: never); an upload begun and not swapped after
+    # tiering_upload_timeout_ms is deleted; tiering_concurrency stream objects at once.
+    tiering_delay_ms: int = 60_000
+    tiering_stream_object_bytes: int = 32 * 1024 * 1024
+    tiering_upload_timeout_ms: int = 600_000
+    tiering_concurrency: int = 4
     # Decompress and walk every record of a produced batch (Kafka's LogValidator) before it is
     # acknowledged. False checks the header and CRC only: for benchmarks that measure the cost,
     # never for a node serving clients (a corrupt batch would stall its consumers).

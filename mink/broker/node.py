@@ -22,6 +22,7 @@ from mink.broker.cluster.leases import BackgroundLeases
 from mink.broker.cluster.lifecycle import LifecycleLoops
 from mink.broker.cluster.membership import Membership
 from mink.broker.cluster.sync import PartitionSync
+from mink.broker.cluster.tiering import TieringWorker
 from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.broker.config import Config
 from mink.broker.groups.coordinator import GroupCoordinator
@@ -59,6 +60,7 @@ class Node:
         self.coordinator = ClusterCoordinator(self)
         self.leases = BackgroundLeases(self, config.max_partitions)
         self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
+        self.tiering = TieringWorker(self)  # WAL objects into stream objects (coordinator)
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
         # False: stopping leaves the membership and the coordinator lease to expire, as after
@@ -133,6 +135,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             nursery.start_soon(node.coordinator.run)
             nursery.start_soon(node.leases.run)
             nursery.start_soon(node.lifecycle.run)
+            nursery.start_soon(node.tiering.run)
             await nursery.start(node.groups.run)
             if on_started is not None:
                 on_started(node)

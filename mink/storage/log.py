@@ -30,11 +30,22 @@ from mink.storage.producer_state import (
     ProducerStateManager,
     RefusedSequences,
 )
+from mink.storage.stream_object import (
+    StreamFooter,
+    StreamObjectError,
+    StreamObjectReader,
+    decode_footer,
+    is_stream_object,
+)
 
 
 log = logging.getLogger(__name__)
 
 _BATCH_POSITION = struct.Struct(">qi")  # baseOffset, batchLength
+# Stream objects are read in blocks of this size (cached, shared by readers of any size: a
+# sequential reader reads ahead), their footers kept for this many objects.
+STREAM_BLOCK_BYTES = 1024 * 1024
+FOOTER_CACHE_ENTRIES = 4096
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 
 
@@ -316,7 +327,7 @@ class PartitionLog:
                                                              timestamp)
         if row is None:
             return None
-        data = await self.caches.get_block(row.object_key, row.byte_start, row.byte_end)
+        data = await self.caches.batches_reaching(row, timestamp)
         for header, batch in iter_batches(data):
             if header.max_timestamp < timestamp:
                 continue
@@ -399,6 +410,14 @@ def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int,
     return size, offset
 
 
+@dataclass(eq=False, slots=True)
+class _BlockLoad:
+    """A block being read from the store; readers of the same block wait for it."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    data: bytes | None = None
+
+
 class ReadCaches:
     """The tail cache (recent committed ranges of every open log) and a block cache of
     ranged GETs, both bounded in bytes; cold reads go through the index in PostgreSQL."""
@@ -414,6 +433,11 @@ class ReadCaches:
         self.block_budget = block_bytes
         self.block_used = 0
         self._blocks: collections.OrderedDict[tuple[str, int, int], bytes] = (
+            collections.OrderedDict())
+        self._footers: collections.OrderedDict[str, StreamFooter] = collections.OrderedDict()
+        self._loading: dict[tuple[str, int, int], _BlockLoad] = {}
+        # The stream object row each partition was last read from (read_cold).
+        self._stream_rows: collections.OrderedDict[tuple[uuid.UUID, int], object] = (
             collections.OrderedDict())
 
     def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
@@ -442,11 +466,33 @@ class ReadCaches:
 
     async def read_cold(self, log_: PartitionLog, offset: int, max_bytes: int) -> list[Chunk]:
         try:
-            rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
-                                                    max_rows=16)
+            # A stream object's row covers tens of MiB: a reader walking through it asks
+            # PostgreSQL once, not at every Fetch (the row never changes; if retention takes
+            # it, its object goes only after file.delete.delay.ms, and a read that finds it
+            # gone forgets it and asks again).
+            cached = self._stream_rows.get(log_.key)
+            if cached is not None and cached.base_offset <= offset <= cached.last_offset:
+                self._stream_rows.move_to_end(log_.key)
+                rows = [cached]
+            else:
+                rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
+                                                        max_rows=16)
             chunks: list[Chunk] = []
             size = 0
             for row in rows:
+                if is_stream_object(row.object_key):
+                    # A tiered row: only the batches wanted, through the object's footer.
+                    self._stream_rows[log_.key] = row
+                    while len(self._stream_rows) > FOOTER_CACHE_ENTRIES:
+                        self._stream_rows.popitem(last=False)
+                    reader = await self.stream_reader(row)
+                    base, last, data = await reader.read(max(offset, row.base_offset),
+                                                         max_bytes - size)
+                    chunks.append(Chunk(base, last, data))
+                    size += len(data)
+                    if size >= max_bytes or last < row.last_offset:
+                        break
+                    continue
                 data = await self.get_block(row.object_key, row.byte_start, row.byte_end)
                 chunks.append(Chunk(row.base_offset, row.last_offset, data))
                 size += len(data)
@@ -454,18 +500,69 @@ class ReadCaches:
                     break
             return chunks
         except ObjectNotFound as exc:
+            self._stream_rows.pop(log_.key, None)
             raise ObjectGone(f"reading offset {offset}: {exc}") from exc
+        except StreamObjectError as exc:
+            self._stream_rows.pop(log_.key, None)
+            raise StorageUnavailable(f"reading offset {offset}: {exc}") from exc
         except (MetadataError, ObjectStoreError) as exc:
             # Retriable for the client; reads of cached data go on meanwhile.
             raise StorageUnavailable(f"reading offset {offset} from the store: {exc}") from exc
 
+    async def stream_reader(self, row) -> StreamObjectReader:
+        """The reader of a stream object's row: its footer from the cache, or one ranged GET
+        of the bytes after the row's data (the footer); the batches then come in
+        block-aligned ranges through the block cache."""
+        footer = self._footers.get(row.object_key)
+        if footer is None:
+            tail = await self.objects.get(row.object_key, row.byte_end)
+            footer = decode_footer(tail, row.byte_end)
+            self._footers[row.object_key] = footer
+            while len(self._footers) > FOOTER_CACHE_ENTRIES:
+                self._footers.popitem(last=False)
+        else:
+            self._footers.move_to_end(row.object_key)
+        key = row.object_key
+
+        async def block(start: int, end: int) -> bytes:
+            return await self.get_block(key, start, end)
+
+        return StreamObjectReader(footer, block, STREAM_BLOCK_BYTES)
+
+    async def batches_reaching(self, row, timestamp: int) -> bytes | memoryview:
+        """Batches of an index row from the first whose max timestamp reaches `timestamp`
+        (ListOffsets): the whole row of a WAL object, the one batch a stream object's time
+        index leads to."""
+        if not is_stream_object(row.object_key):
+            return await self.get_block(row.object_key, row.byte_start, row.byte_end)
+        try:
+            found = await (await self.stream_reader(row)).first_batch_reaching(timestamp)
+        except StreamObjectError as exc:
+            raise StorageUnavailable(f"reading {row.object_key}: {exc}") from exc
+        return b"" if found is None else found[1]
+
     async def get_block(self, key: str, start: int, end: int) -> bytes:
         block_key = (key, start, end)
-        data = self._blocks.get(block_key)
-        if data is not None:
-            self._blocks.move_to_end(block_key)
-            return data
-        data = await self.objects.get(key, start, end)
+        while True:
+            data = self._blocks.get(block_key)
+            if data is not None:
+                self._blocks.move_to_end(block_key)
+                return data
+            # Readers missing the same block at once share one GET (catch-up readers of
+            # one partition read the same blocks of its stream objects).
+            loading = self._loading.get(block_key)
+            if loading is None:
+                break
+            await loading.done.wait()
+            if loading.data is not None:
+                return loading.data
+            # the GET failed for its reader: this one tries itself
+        loading = self._loading[block_key] = _BlockLoad()
+        try:
+            data = loading.data = await self.objects.get(key, start, end)
+        finally:
+            del self._loading[block_key]
+            loading.done.set()
         self._blocks[block_key] = data
         self.block_used += len(data)
         while self.block_used > self.block_budget and self._blocks:

@@ -1,0 +1,216 @@
+"""Tiering (seed 000's tiering worker), the storage side: committed WAL data of a partition is
+rewritten into stream objects (`mink/storage/stream_object.py`) and the index rows they cover
+are swapped for one row each (`mink_swap_stream_object`, sql/0011_tiering.sql).
+
+One stream object is one job, every step fenced by the coordinator lease epoch the round
+carries:
+
+1. begin: the upload is recorded (`stream_object_uploads`) before anything is written, so an
+   upload whose round dies is found and deleted later (`sweep_uploads`);
+2. the rows' byte ranges are read from their WAL objects (ranged GETs) and checked to be
+   whole batches that follow each other;
+3. the stream object is created (create-if-absent, a key no other attempt uses);
+4. the swap: one transaction replaces exactly the rows read with one row for the object, or
+   refuses (stale coordinator epoch, rows changed by retention meanwhile, partition gone) and
+   changes nothing in the index. WAL objects whose last row went are released to the
+   lifecycle's collection, which deletes them after file.delete.delay.ms.
+
+Nothing here deletes an object: a refused or abandoned upload goes to objects_to_delete, and
+only an object no index row uses is ever queued. The broker's loop that schedules rounds on
+the coordinator lease holder is `mink/broker/cluster/tiering.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from mink.storage.controlplane import MetadataStore
+from mink.storage.controlplane.postgres import IDEMPOTENT, READ
+from mink.storage.stream_object import (
+    DEFAULT_INDEX_INTERVAL,
+    StreamObjectWriter,
+    stream_object_key,
+)
+
+log = logging.getLogger(__name__)
+
+# WAL rows read per round (the rest waits for the next round).
+PLAN_ROWS = 20_000
+# Ranged GETs in flight for one stream object.
+READ_CONCURRENCY = 8
+
+SQL_WAL_ROWS = """
+SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.byte_start,
+       b.byte_end, coalesce(w.decided_at <= now() - %(min_age)s * interval '1 second', true)
+  FROM batch_index AS b
+  LEFT JOIN wal_objects AS w ON w.key = b.object_key
+ WHERE b.object_key LIKE 'wal/%%'
+ ORDER BY b.topic_id, b.partition, b.base_offset
+ LIMIT %(limit)s"""
+SQL_BEGIN = """
+SELECT mink_begin_stream_object(%s::bigint, %s::text, %s::uuid, %s::int, %s::bigint,
+                                %s::bigint)"""
+SQL_SWAP = """
+SELECT mink_swap_stream_object(%s::bigint, %s::text, %s::uuid, %s::int, %s::bigint,
+                               %s::bigint, %s::bigint, %s::jsonb)"""
+SQL_SWEEP = "SELECT mink_sweep_stream_uploads(%s::bigint, %s::float8)"
+SQL_BACKLOG = """
+SELECT count(*), coalesce(sum(byte_end - byte_start), 0) FROM batch_index
+ WHERE object_key LIKE 'wal/%'"""
+SQL_UPLOADS = "SELECT key FROM stream_object_uploads ORDER BY key"
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class WalRow:
+    base_offset: int
+    last_offset: int
+    object_key: str
+    byte_start: int
+    byte_end: int
+
+    @property
+    def size(self) -> int:
+        return self.byte_end - self.byte_start
+
+
+@dataclass(slots=True)
+class StreamObjectPlan:
+    """The consecutive WAL rows of one partition that become one stream object."""
+
+    topic_id: uuid.UUID
+    partition: int
+    rows: list[WalRow] = field(default_factory=list)
+    due: bool = False
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.rows)
+
+    @property
+    def base_offset(self) -> int:
+        return self.rows[0].base_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self.rows[-1].last_offset
+
+
+def plan_stream_objects(rows: list[tuple], target_bytes: int) -> list[StreamObjectPlan]:
+    """Group WAL rows (topic, partition, base, last, key, start, end, due) in offset order
+    into stream objects of at most `target_bytes` (a larger row alone). A group is tiered
+    when it is full (the next row did not fit) or holds a row whose WAL object is due (older
+    than the delay's share); the last, young, small group of a partition waits."""
+    plans: list[StreamObjectPlan] = []
+    current: StreamObjectPlan | None = None
+    for topic_id, partition, base, last, key, start, end, due in rows:
+        row = WalRow(base, last, key, start, end)
+        same_partition = (current is not None and current.topic_id == topic_id
+                          and current.partition == partition)
+        if (same_partition and current.rows[-1].last_offset + 1 == base
+                and current.size + row.size <= target_bytes):
+            current.rows.append(row)
+            current.due = current.due or due
+            continue
+        if current is not None:
+            # full, or cut by a gap (retention moved on meanwhile): tiered if it holds anything
+            if same_partition or current.due:
+                plans.append(current)
+        current = StreamObjectPlan(topic_id, partition, [row], due)
+    if current is not None and (current.due or current.size >= target_bytes):
+        plans.append(current)
+    return plans
+
+
+async def wal_rows(metadata: MetadataStore, min_age_s: float,
+                   limit: int = PLAN_ROWS) -> list[tuple]:
+    return [tuple(r) for r in await metadata.fetch_all(
+        READ, SQL_WAL_ROWS, {"min_age": min_age_s, "limit": limit})]
+
+
+async def backlog(metadata: MetadataStore) -> tuple[int, int]:
+    """(index rows, bytes) still pointing into WAL objects."""
+    row = await metadata.fetch_one(READ, SQL_BACKLOG)
+    assert row is not None
+    return row[0], row[1]
+
+
+async def open_uploads(metadata: MetadataStore) -> list[str]:
+    return [r[0] for r in await metadata.fetch_all(READ, SQL_UPLOADS)]
+
+
+class TieringRefused(Exception):
+    """The swap refused the stream object (the reason); the index did not change."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def _read_rows(objects, rows: list[WalRow]) -> list[bytes]:
+    out: list[bytes] = [b""] * len(rows)
+    limiter = trio.CapacityLimiter(READ_CONCURRENCY)
+
+    async def one(i: int, row: WalRow) -> None:
+        async with limiter:
+            data = await objects.get(row.object_key, row.byte_start, row.byte_end)
+        if len(data) != row.size:
+            raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
+                                 f"[{row.byte_start}, {row.byte_end})")
+        out[i] = data
+
+    async with trio.open_nursery() as nursery:
+        for i, row in enumerate(rows):
+            nursery.start_soon(one, i, row)
+    return out
+
+
+async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoch: int,
+                              plan: StreamObjectPlan, *,
+                              index_interval: int = DEFAULT_INDEX_INTERVAL) -> str:
+    """One job: begin, read, upload, swap. Returns the new object's key once swapped;
+    raises TieringRefused (the swap's reason), StaleEpoch (the lease moved: the new holder
+    tiers the range again), or the stores' errors (the upload is swept later)."""
+    key = stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
+                            plan.last_offset, f"{coordinator_epoch}-{secrets.token_hex(4)}")
+    await metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
+        coordinator_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
+        plan.last_offset))
+    writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
+    for data in await _read_rows(objects, plan.rows):
+        writer.add(data)
+    if (writer.base_offset, writer.last_offset) != (plan.base_offset, plan.last_offset):
+        raise TieringRefused(f"the WAL ranges hold offsets [{writer.base_offset}, "
+                             f"{writer.last_offset}], the index [{plan.base_offset}, "
+                             f"{plan.last_offset}]")
+    await objects.create(key, writer.finish())
+    rows = [{"base_offset": r.base_offset, "last_offset": r.last_offset,
+             "object_key": r.object_key, "byte_start": r.byte_start, "byte_end": r.byte_end}
+            for r in plan.rows]
+    row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, (
+        coordinator_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
+        plan.last_offset, writer.data_length, _json.encode(rows).decode()))
+    assert row is not None
+    if row[0] != "swapped":
+        raise TieringRefused(row[0])
+    return key
+
+
+async def sweep_uploads(metadata: MetadataStore, coordinator_epoch: int,
+                        age_s: float) -> list[str]:
+    """Uploads begun more than age_s ago and never swapped: queued for deletion."""
+    return [r[0] for r in await metadata.fetch_all(IDEMPOTENT, SQL_SWEEP,
+                                                   (coordinator_epoch, age_s))]
+
+
+__all__ = [
+    "StreamObjectPlan", "TieringRefused", "WalRow", "backlog", "open_uploads",
+    "plan_stream_objects", "sweep_uploads", "wal_rows", "write_stream_object",
+]

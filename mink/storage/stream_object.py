@@ -1,0 +1,268 @@
+"""Stream objects (seed 000's tiering): one partition's consecutive committed batches, byte
+for byte as they were committed (offsets, leader epochs and CRCs unchanged), followed by a
+footer that indexes them.
+
+    [batch][batch]...[batch][footer: msgpack][footer length: u32][b"MSTR"]
+    0                       data_length                               end of object
+
+The index row of a stream object (`batch_index`) covers the whole object's offsets with
+byte_start = 0 and byte_end = data_length, so a reader finds the footer with one ranged GET
+from byte_end to the end of the object, and the batches it needs with block-aligned ranged
+GETs after that (blocks shared through the node's block cache by readers of any size).
+
+The footer's index is sparse, one entry at least every `index_interval` bytes at a batch
+boundary: it is Kafka's offset index (`.index`: offset -> position) and time index
+(`.timeindex`) in one array. Each entry carries the largest batch max timestamp of the batches
+*before* it, so "the first batch whose max timestamp reaches ts" lies between the last entry
+whose value is below ts and the first entry whose value is not.
+
+No broker import here (storage does not import the broker); nothing here awaits except the
+reader, which is handed its ranged-GET function.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import uuid
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import trio
+
+from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD, BatchHeader, parse_batch_header
+
+STREAM_OBJECT_PREFIX = "stream/"
+STREAM_MAGIC = b"MSTR"
+FORMAT_VERSION = 1
+TRAILER = struct.Struct(">I4s")  # footer length, magic
+# Kafka's index.interval.bytes is 4096 for segments of 1 GiB read through mmap; here each
+# lookup costs a scan of at most this many bytes of cached blocks, and the footer of a 64 MiB
+# object stays about 25 KB.
+DEFAULT_INDEX_INTERVAL = 64 * 1024
+DEFAULT_BLOCK_SIZE = 1024 * 1024
+
+_BATCH_PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+
+
+class StreamObjectError(Exception):
+    """The bytes are not a stream object, or not the one the index row describes."""
+
+
+class IndexEntry(msgspec.Struct, array_like=True, frozen=True):
+    offset_delta: int          # base offset of the batch here, minus the object's base offset
+    position: int              # byte position of that batch in the object
+    max_timestamp_before: int  # largest max timestamp of the batches before it (-1: none)
+
+
+class StreamFooter(msgspec.Struct, frozen=True):
+    version: int
+    topic_id: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    data_length: int
+    batch_count: int
+    max_timestamp: int
+    index_interval: int
+    index: list[IndexEntry]
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(StreamFooter).decode
+
+
+def is_stream_object(key: str) -> bool:
+    return key.startswith(STREAM_OBJECT_PREFIX)
+
+
+def stream_object_key(topic_id: uuid.UUID, partition: int, base_offset: int,
+                      last_offset: int, unique: str) -> str:
+    """`unique` tells apart two attempts at the same range (a round retried by a new
+    coordinator): an upload never overwrites another one's object."""
+    return (f"{STREAM_OBJECT_PREFIX}{topic_id}/{partition}/"
+            f"{base_offset:020d}-{last_offset:020d}-{unique}")
+
+
+class StreamObjectWriter:
+    """Collects a partition's committed batches in offset order and builds the object.
+    `add` takes the bytes of one index row (whole batches); nothing is copied until
+    `finish` returns the parts to upload (scatter-gather)."""
+
+    def __init__(self, topic_id: uuid.UUID, partition: int, *,
+                 index_interval: int = DEFAULT_INDEX_INTERVAL) -> None:
+        self.topic_id = topic_id
+        self.partition = partition
+        self.index_interval = index_interval
+        self.parts: list[memoryview] = []
+        self.index: list[IndexEntry] = []
+        self.base_offset: int | None = None
+        self.next_offset: int | None = None
+        self.data_length = 0
+        self.batch_count = 0
+        self.max_timestamp = -1
+        self._last_indexed = -1  # position of the last index entry
+
+    def add(self, data: bytes | bytearray | memoryview) -> None:
+        """Whole v2 batches continuing exactly at the next offset; StreamObjectError
+        otherwise (the bytes read back are not what the index rows promised)."""
+        view = memoryview(data)
+        position = 0
+        while position < len(view):
+            if len(view) - position < RECORD_BATCH_OVERHEAD:
+                raise StreamObjectError(f"{len(view) - position} trailing bytes are no batch")
+            header = parse_batch_header(view, position)
+            size = header.batch_length + LOG_OVERHEAD
+            if size < RECORD_BATCH_OVERHEAD or position + size > len(view):
+                raise StreamObjectError(f"batch at offset {header.base_offset} is truncated")
+            if self.next_offset is not None and header.base_offset != self.next_offset:
+                raise StreamObjectError(f"batch at offset {header.base_offset} does not "
+                                        f"follow offset {self.next_offset - 1}")
+            if self.base_offset is None:
+                self.base_offset = header.base_offset
+            at = self.data_length + position
+            if self._last_indexed < 0 or at - self._last_indexed >= self.index_interval:
+                self.index.append(IndexEntry(header.base_offset - self.base_offset, at,
+                                             self.max_timestamp))
+                self._last_indexed = at
+            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+            self.next_offset = header.last_offset + 1
+            self.batch_count += 1
+            position += size
+        self.parts.append(view)
+        self.data_length += len(view)
+
+    @property
+    def last_offset(self) -> int:
+        if self.next_offset is None:
+            raise StreamObjectError("no batch was added")
+        return self.next_offset - 1
+
+    def footer(self) -> StreamFooter:
+        if self.base_offset is None:
+            raise StreamObjectError("no batch was added")
+        return StreamFooter(
+            version=FORMAT_VERSION, topic_id=str(self.topic_id), partition=self.partition,
+            base_offset=self.base_offset, last_offset=self.last_offset,
+            data_length=self.data_length, batch_count=self.batch_count,
+            max_timestamp=self.max_timestamp, index_interval=self.index_interval,
+            index=self.index)
+
+    def finish(self) -> list[bytes | memoryview]:
+        encoded = _encode(self.footer())
+        return [*self.parts, encoded, TRAILER.pack(len(encoded), STREAM_MAGIC)]
+
+
+def decode_footer(tail: bytes | memoryview, data_length: int) -> StreamFooter:
+    """The footer from the bytes after the data (what a ranged GET from byte_end returns)."""
+    if len(tail) < TRAILER.size:
+        raise StreamObjectError("object too short for a stream object trailer")
+    length, magic = TRAILER.unpack_from(tail, len(tail) - TRAILER.size)
+    if magic != STREAM_MAGIC or length != len(tail) - TRAILER.size:
+        raise StreamObjectError("no stream object footer after the data")
+    try:
+        footer = _decode(memoryview(tail)[:length])
+    except msgspec.DecodeError as exc:
+        raise StreamObjectError(f"undecodable stream object footer: {exc}") from None
+    if footer.data_length != data_length or not footer.index:
+        raise StreamObjectError(f"footer describes {footer.data_length} bytes of data, "
+                                f"the index row {data_length}")
+    return footer
+
+
+RangeGet = Callable[[int, int], Awaitable[bytes]]
+
+
+class StreamObjectReader:
+    """Reads one stream object through its footer and block-aligned ranges.
+
+    `get_block(start, end)` returns the object's bytes [start, end); the reader only ever
+    asks for whole blocks of `block_size` (the last one clipped to the data), so a block
+    cache under it is shared by readers of any size and a sequential reader reads ahead."""
+
+    def __init__(self, footer: StreamFooter, get_block: RangeGet,
+                 block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        self.footer = footer
+        self.get_block = get_block
+        self.block_size = block_size
+        self._offsets = [e.offset_delta for e in footer.index]
+        self._max_before = [e.max_timestamp_before for e in footer.index]
+
+    async def _bytes(self, start: int, end: int) -> memoryview:
+        """Bytes [start, end) of the data, assembled from whole blocks."""
+        end = min(end, self.footer.data_length)
+        if start >= end:
+            return memoryview(b"")
+        size = self.block_size
+        first, last = start // size, (end - 1) // size
+        blocks: list[bytes] = [b""] * (last - first + 1)
+
+        async def block(n: int) -> None:
+            blocks[n - first] = await self.get_block(
+                n * size, min((n + 1) * size, self.footer.data_length))
+
+        if first == last:
+            await block(first)
+        else:  # the blocks of one read at once
+            async with trio.open_nursery() as nursery:
+                for n in range(first, last + 1):
+                    nursery.start_soon(block, n)
+        if first == last:
+            skip = start - first * size
+            return memoryview(blocks[0])[skip:skip + end - start]
+        joined = b"".join(blocks)
+        skip = start - first * size
+        return memoryview(joined)[skip:skip + end - start]
+
+    async def _header(self, position: int) -> BatchHeader:
+        return parse_batch_header(await self._bytes(position, position + RECORD_BATCH_OVERHEAD))
+
+    def _entry_for_offset(self, offset: int) -> int:
+        i = bisect.bisect_right(self._offsets, offset - self.footer.base_offset) - 1
+        return self.footer.index[max(i, 0)].position
+
+    async def read(self, offset: int, max_bytes: int) -> tuple[int, int, memoryview]:
+        """Whole batches from the one holding `offset`, about `max_bytes` of them (the
+        first always whole, KIP-74): (base offset, last offset, bytes)."""
+        footer = self.footer
+        if not footer.base_offset <= offset <= footer.last_offset:
+            raise StreamObjectError(f"offset {offset} is outside the object's "
+                                    f"[{footer.base_offset}, {footer.last_offset}]")
+        position = self._entry_for_offset(offset)
+        while True:  # at most one index interval of headers
+            header = await self._header(position)
+            if header.last_offset >= offset:
+                break
+            position += header.batch_length + LOG_OVERHEAD
+        first_size = header.batch_length + LOG_OVERHEAD
+        data = await self._bytes(position, position + max(max_bytes, first_size))
+        end = 0
+        last = header.last_offset
+        while end + 27 <= len(data):
+            base, length = _BATCH_PREFIX.unpack_from(data, end)
+            if end + length + LOG_OVERHEAD > len(data):
+                break
+            (delta,) = _LAST_OFFSET_DELTA.unpack_from(data, end + 23)
+            if end > 0 and end + length + LOG_OVERHEAD > max_bytes:
+                break
+            end += length + LOG_OVERHEAD
+            last = base + delta
+        return header.base_offset, last, data[:end]
+
+    async def first_batch_reaching(self, timestamp: int) -> tuple[BatchHeader, memoryview] | None:
+        """The first batch whose max timestamp is at least `timestamp` (ListOffsets by
+        timestamp), found between two index entries; None if no batch reaches it."""
+        footer = self.footer
+        if footer.max_timestamp < timestamp:
+            return None
+        i = bisect.bisect_left(self._max_before, timestamp) - 1
+        position = footer.index[max(i, 0)].position
+        while position < footer.data_length:
+            header = await self._header(position)
+            size = header.batch_length + LOG_OVERHEAD
+            if header.max_timestamp >= timestamp:
+                return header, await self._bytes(position, position + size)
+            position += size
+        return None
+

@@ -1,0 +1,428 @@
+"""Tiering against the real PostgreSQL and object stores (memory, file://, moto S3): WAL rows
+rewritten into stream objects and swapped in one fenced transaction; reads, Fetch at any
+offset and ListOffsets by timestamp the same before and after; a stale coordinator epoch and
+a changed index refused; WAL objects collected once their last row is swapped."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import trio
+
+from mink.protocol.records import iter_batches
+from mink.storage.controlplane import StaleEpoch
+from mink.storage.controlplane.postgres import READ
+from mink.storage.lifecycle import store as lifecycle
+from mink.storage.lifecycle import tiering
+from mink.storage.stream_object import is_stream_object
+from mink.storage.streams import Streams
+from tests.test_lifecycle_storage import delete_everything_due
+from tests.test_wal import (  # noqa: F401  (fixtures)
+    Node,
+    _reader,
+    append,
+    make_topic,
+    metadata,
+    objects,
+    read_all,
+    values_of,
+)
+
+BASE_TS = 1_700_000_000_000
+
+
+async def produce(logs, rounds: int, seed: int = 7) -> None:
+    """Interleaved appends to every partition (so WAL objects are shared), with timestamps
+    that go back and forth, sizes from a few bytes to tens of KiB."""
+    rng = random.Random(seed)
+
+    async def one(p: int) -> None:
+        for i in range(rounds):
+            values = [bytes([p, i % 256]) * rng.randint(1, 8000) for _ in range(rng.randint(1, 4))]
+            ts = BASE_TS + i * 1000 + rng.randint(-1500, 1500)
+            await append(logs[p], values, ts).wait(30)
+
+    async with trio.open_nursery() as nursery:
+        for p in range(len(logs)):
+            nursery.start_soon(one, p)
+
+
+async def snapshot(metadata, objects, topic, partitions: int, node_epoch: int):
+    """What a reader with cold caches sees: every record, Fetch at sampled offsets with
+    sampled budgets, ListOffsets at sampled timestamps."""
+    cold = Streams(1, node_epoch, objects, metadata)
+    rng = random.Random(3)
+    out = {}
+    for p in range(partitions):
+        state = await metadata.stream_state(topic.topic_id, p)
+        log = _reader(cold, topic.topic_id, p, state)
+        records = await read_all(log)
+        fetches = []
+        for _ in range(25):
+            offset = rng.randrange(state.log_start_offset, state.committed_end)
+            got = await log.read(offset, rng.choice([1, 5000, 100_000, 10 << 20]))
+            batches = [bytes(b) for chunk in got for _, b in iter_batches(chunk)]
+            fetches.append((offset, batches[0], values_of(got)))
+        times = [await log.offset_for_timestamp(BASE_TS + rng.randint(-5000, 80_000))
+                 for _ in range(25)]
+        out[p] = (records, fetches, times)
+    return out
+
+
+def assert_same_reads(before, after):
+    for p, (records, fetches, times) in before.items():
+        records_after, fetches_after, times_after = after[p]
+        assert records_after == records, f"partition {p}: every record, in order"
+        assert times_after == times, f"partition {p}: ListOffsets by timestamp"
+        for (offset, first, values), (offset2, first2, values2) in zip(fetches, fetches_after):
+            assert offset == offset2
+            assert first2 == first, f"partition {p}: the batch holding offset {offset}"
+            # the same records from there on (the budget may cut at another batch)
+            n = min(len(values), len(values2))
+            assert values2[:n] == values[:n] and n >= 1
+
+
+async def index_rows(metadata, topic, p):
+    return await metadata.find_batches(topic.topic_id, p, 0, 100_000)
+
+
+async def coordinator_epoch(metadata, node_epoch: int) -> int:
+    epoch = await metadata.acquire_lease("coordinator", 1, node_epoch, ttl_s=60)
+    assert epoch is not None
+    return epoch
+
+
+async def stats(metadata, topic):
+    return await metadata.fetch_all(READ, """
+        SELECT partition, indexed_bytes, index_rows FROM partition_stats
+         WHERE topic_id = %s ORDER BY partition""", (topic.topic_id,))
+
+
+async def test_a_round_keeps_every_byte_and_every_answer(metadata, objects, nursery):
+    topic = await make_topic(metadata, 3)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    logs = [await streams.open(topic.topic_id, p, 0) for p in range(3)]
+    await produce(logs, 60)
+    before = await snapshot(metadata, objects, topic, 3, streams.node_epoch)
+    rows_before = {p: await index_rows(metadata, topic, p) for p in range(3)}
+    wal_keys = {r.object_key for rows in rows_before.values() for r in rows}
+    stats_before = await stats(metadata, topic)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+
+    plans = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 200_000)
+    assert {p.partition for p in plans} == {0, 1, 2}
+    assert len(plans) > 3, "several stream objects per partition at this target size"
+    for plan in plans:
+        assert plan.size <= 200_000 or len(plan.rows) == 1
+        await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
+
+    for p in range(3):
+        rows = await index_rows(metadata, topic, p)
+        assert all(is_stream_object(r.object_key) for r in rows)
+        assert len(rows) < len(rows_before[p])
+        assert (rows[0].base_offset, rows[-1].last_offset) == (
+            rows_before[p][0].base_offset, rows_before[p][-1].last_offset)
+        for r in rows:  # the stream object's data is exactly the rows' bytes
+            data = await objects.get(r.object_key, 0, r.byte_end)
+            expected = b"".join([await objects.get(o.object_key, o.byte_start, o.byte_end)
+                                 for o in rows_before[p]
+                                 if r.base_offset <= o.base_offset <= r.last_offset])
+            assert data == expected
+    assert await tiering.backlog(metadata) == (0, 0)
+    assert await tiering.open_uploads(metadata) == []
+    # Bytes stay, rows shrink, in the statistics kept by the triggers.
+    stats_after = await stats(metadata, topic)
+    for (p, bytes_before, n_before), (_, bytes_after, n_after) in zip(stats_before, stats_after):
+        assert bytes_after == bytes_before and n_after == len(await index_rows(metadata, topic, p))
+        assert n_after < n_before
+    # The high watermarks did not move.
+    for p in range(3):
+        assert (await metadata.stream_state(topic.topic_id, p)).committed_end == \
+            logs[p].high_watermark
+
+    assert_same_reads(before, await snapshot(metadata, objects, topic, 3, streams.node_epoch))
+
+    # Every WAL object lost its last row: the lifecycle's collection deletes them (here with
+    # no delay), and the reads are served from the stream objects alone.
+    queued = await delete_everything_due(metadata, objects)
+    assert set(queued) == wal_keys
+    assert await objects.list("wal/") == []
+    assert_same_reads(before, await snapshot(metadata, objects, topic, 3, streams.node_epoch))
+
+    # The leader goes on appending at its committed end; later rows are WAL rows again.
+    base = await append(logs[0], [b"after"]).wait(10)
+    assert base == before[0][0][-1][0] + 1
+    assert (await read_all(logs[0]))[-1] == (base, b"after")
+
+
+async def test_a_stale_coordinator_epoch_is_refused_and_changes_nothing(metadata, nursery):
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 20)
+    rows_before = await index_rows(metadata, topic, 0)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+
+    with pytest.raises(StaleEpoch):  # an old holder's round: refused at the begin
+        await tiering.write_stream_object(metadata, objects, epoch - 1, plan)
+    with pytest.raises(StaleEpoch):
+        await tiering.write_stream_object(metadata, objects, None, plan)
+
+    # A round that began under its epoch, then lost the lease before the swap.
+    class LoseLeaseBeforeSwap:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def create(self, key, data):
+            await self.inner.create(key, data)
+            await metadata.release_lease("coordinator", 1, epoch)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    with pytest.raises(StaleEpoch):
+        await tiering.write_stream_object(metadata, LoseLeaseBeforeSwap(objects), epoch, plan)
+    assert await index_rows(metadata, topic, 0) == rows_before, "the index did not change"
+    (stuck,) = await tiering.open_uploads(metadata)
+    assert await objects.list("stream/") == [stuck]
+
+    # The new holder tiers the same range again, and sweeps the dead round's upload.
+    new_epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    assert new_epoch > epoch
+    key = await tiering.write_stream_object(metadata, objects, new_epoch, plan)
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    with pytest.raises(StaleEpoch):
+        await tiering.sweep_uploads(metadata, epoch, 0.0)
+    assert await tiering.sweep_uploads(metadata, new_epoch, 0.0) == [stuck]
+    assert await tiering.open_uploads(metadata) == []
+    await delete_everything_due(metadata, objects)
+    assert await objects.list("stream/") == [key], "the swept upload went, the swapped one stays"
+    assert [o for o, _ in await read_all(_reader(Streams(1, streams.node_epoch, objects,
+                                                         metadata), topic.topic_id, 0,
+                                                 await metadata.stream_state(topic.topic_id, 0)))
+            ] == list(range(log.high_watermark))
+
+
+async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, nursery):
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    for i in range(6):
+        await append(log, [b"v%d" % i]).wait(10)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+
+    # DeleteRecords moves the log start past the first row between the plan and the swap.
+    await lifecycle.delete_records(metadata, topic.topic_id, 0, 0, 1, streams.node_epoch, 2)
+    with pytest.raises(tiering.TieringRefused) as refused:
+        await tiering.write_stream_object(metadata, objects, epoch, plan)
+    assert refused.value.reason == "index_changed"
+    assert all(not is_stream_object(r.object_key) for r in await index_rows(metadata, topic, 0))
+    assert await tiering.open_uploads(metadata) == []
+    (refused_key,) = await objects.list("stream/")
+    assert refused_key in await lifecycle.due_deletions(metadata, 100)
+
+    # A plan made now tiers what is left; repeating its swap (a lost answer) says done.
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+    assert plan.base_offset == 2
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan)
+    row = await metadata.fetch_one(READ, tiering.SQL_SWAP, (
+        epoch, key, topic.topic_id, 0, plan.base_offset, plan.last_offset, 1, "[]"))
+    assert row == ("swapped",)
+    assert key not in await lifecycle.due_deletions(metadata, 100)
+
+
+def test_plan_groups_consecutive_rows_up_to_the_target():
+    import uuid
+
+    t = uuid.uuid4()
+    rows = []
+    offset = 0
+    for p, sizes, due in ((0, [40, 40, 40, 200, 10], False), (1, [10, 10], False),
+                          (2, [10, 10], True)):
+        for i, size in enumerate(sizes):
+            rows.append((t, p, offset, offset, f"wal/1/1/{i}", 0, size, due and i == 0))
+            offset += 1
+        offset = 0
+    plans = tiering.plan_stream_objects(rows, 100)
+    shape = [(p.partition, [r.size for r in p.rows]) for p in plans]
+    # partition 0: two full groups; its last small young row waits. Partition 1 is young and
+    # small: it waits. Partition 2 holds a due row: tiered.
+    assert shape == [(0, [40, 40]), (0, [40]), (0, [200]), (2, [10, 10])]
+
+
+async def test_a_cold_fetch_of_a_stream_object_reads_its_footer_and_a_block(
+        metadata, nursery, monkeypatch):
+    """One small ranged GET for the footer (cached after), then block-aligned ranges: never
+    the whole object for a small Fetch."""
+    import mink.storage.log as log_module
+    from mink.storage.objectstore import open_object_store
+
+    monkeypatch.setattr(log_module, "STREAM_BLOCK_BYTES", 16 * 1024)
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 80)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
+    (row,) = await index_rows(metadata, topic, 0)
+    assert row.byte_end > 200_000
+
+    gets = []
+
+    class Recording:
+        async def get(self, key, start=0, end=None):
+            data = await objects.get(key, start, end)
+            gets.append((key, start, end, len(data)))
+            return data
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    cold = Streams(1, streams.node_epoch, Recording(), metadata)
+    reader = _reader(cold, topic.topic_id, 0, await metadata.stream_state(topic.topic_id, 0))
+    middle = log.high_watermark // 2
+    got = values_of(await reader.read(middle, 1000))
+    assert got[0][0] <= middle <= got[-1][0]
+    footer_get, *block_gets = gets
+    assert footer_get[:3] == (key, row.byte_end, None) and footer_get[3] < 8192
+    assert block_gets and all(n <= 16 * 1024 and start % (16 * 1024) == 0
+                              for _, start, _, n in block_gets)
+    assert sum(n for *_, n in block_gets) <= 4 * 16 * 1024 + 61 * 1024
+    gets.clear()
+    assert (await reader.offset_for_timestamp(BASE_TS + 40_000))[0] > 0
+    assert all(start != row.byte_end for _, start, _, _ in gets), "the footer is cached"
+
+
+async def test_the_leader_commits_while_rounds_swap_its_rows(metadata, nursery):
+    """Rounds run beside the leader's commits: no append fails, the committed end is the
+    leader's alone, and what was appended reads back the same, all tiered."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 2)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    logs = [await streams.open(topic.topic_id, p, 0) for p in range(2)]
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    expected: dict[int, list] = {0: [], 1: []}
+    swapped = 0
+
+    async def producer(p: int) -> None:
+        for i in range(300):
+            value = b"%d-%d" % (p, i) * 50
+            base = await append(logs[p], [value]).wait(30)
+            expected[p].append((base, value))
+
+    async with trio.open_nursery() as producers:
+        for p in range(2):
+            producers.start_soon(producer, p)
+        while True:
+            await trio.sleep(0.01)
+            for plan in tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0),
+                                                    20_000):
+                await tiering.write_stream_object(metadata, objects, epoch, plan)
+                swapped += 1
+            if all(len(expected[p]) == 300 for p in range(2)):
+                break
+    for plan in tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 20_000):
+        await tiering.write_stream_object(metadata, objects, epoch, plan)
+    assert swapped > 4, "rounds ran while the producers appended"
+    assert await tiering.backlog(metadata) == (0, 0)
+    cold = Streams(1, streams.node_epoch, objects, metadata)
+    for p in range(2):
+        state = await metadata.stream_state(topic.topic_id, p)
+        assert state.committed_end == logs[p].high_watermark == 300
+        assert await read_all(_reader(cold, topic.topic_id, p, state)) == expected[p]
+
+
+async def test_readers_missing_the_same_block_share_one_get():
+    from mink.storage.log import ReadCaches
+    from mink.storage.objectstore import ObjectStoreUnavailable
+
+    calls = []
+    fail_first = [True]
+
+    class Slow:
+        async def get(self, key, start=0, end=None):
+            calls.append((key, start, end))
+            await trio.sleep(0.05)
+            if key == "flaky" and fail_first[0]:
+                fail_first[0] = False
+                raise ObjectStoreUnavailable("first GET fails")
+            return b"x" * (end - start)
+
+    caches = ReadCaches(None, Slow(), 0, 1 << 20)
+    results = []
+
+    async def read(key):
+        try:
+            results.append(len(await caches.get_block(key, 0, 100)))
+        except ObjectStoreUnavailable:
+            results.append("failed")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(read, "shared")
+        for _ in range(3):
+            nursery.start_soon(read, "flaky")
+    assert calls.count(("shared", 0, 100)) == 1, "one GET for five readers"
+    assert calls.count(("flaky", 0, 100)) == 2, "a failed GET is tried again by a waiter"
+    assert results.count(100) == 7 and results.count("failed") == 1
+    assert caches.block_used == 200
+
+
+async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery):
+    """A reader walking a stream object asks PostgreSQL once per row; when retention takes
+    the row and collection its object, the next read re-resolves: out of range, never
+    garbage."""
+    from mink.storage.log import OffsetOutOfRange
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 40)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    await tiering.write_stream_object(metadata, objects, epoch, plan)
+    lookups = []
+
+    class CountingMetadata:
+        async def find_batches(self, *args, **kwargs):
+            lookups.append(args)
+            return await metadata.find_batches(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(metadata, name)
+
+    cold = Streams(1, streams.node_epoch, objects, CountingMetadata())
+    reader = _reader(cold, topic.topic_id, 0, await metadata.stream_state(topic.topic_id, 0))
+    offset, fetches = 0, 0
+    while offset < 20:
+        got = values_of(await reader.read(offset, 1000))
+        offset = got[-1][0] + 1
+        fetches += 1
+    assert fetches > 3 and len(lookups) == 1, "one index lookup for the whole walk"
+
+    await lifecycle.delete_records(metadata, topic.topic_id, 0, 0, 1, streams.node_epoch, -1)
+    await delete_everything_due(metadata, objects)
+    assert await objects.list("stream/") == []
+    # (blocks already in the block cache would still be served until the log learns the new
+    # log start, as the tail cache is: what a read must never do is guess past a gone object)
+    cold.caches._blocks.clear()
+    cold.caches.block_used = 0
+    with pytest.raises(OffsetOutOfRange):
+        await reader.read(offset, 1000)
+    assert reader.log_start_offset == log.high_watermark
+    assert reader.key not in cold.caches._stream_rows, "the gone row is forgotten"
