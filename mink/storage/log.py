@@ -70,6 +70,15 @@ class OutOfOrderSequence(LogError):
     pass
 
 
+class InvalidTxnState(LogError):
+    """A transactional batch outside an ongoing transaction of its producer (KIP-890)."""
+
+
+_PRODUCER_ERRORS = {"invalid_producer_epoch": InvalidProducerEpoch,
+                    "out_of_order_sequence_number": OutOfOrderSequence,
+                    "invalid_txn_state": InvalidTxnState}
+
+
 class DuplicateBatch(LogError):
     """The batch repeats one of the producer's last five: answer with the original offset
     (once `batch.pending`, if still in flight, has its outcome); write nothing."""
@@ -178,8 +187,7 @@ class PartitionLog:
             try:
                 duplicate = self.producers.check(producer)
             except ProducerError as exc:
-                raise (InvalidProducerEpoch(str(exc)) if exc.kind == "invalid_producer_epoch"
-                       else OutOfOrderSequence(str(exc))) from None
+                raise _PRODUCER_ERRORS[exc.kind](str(exc)) from None
             if duplicate is not None:
                 raise DuplicateBatch(duplicate)
         base = self.next_offset
@@ -281,6 +289,12 @@ class PartitionLog:
     @property
     def high_watermark(self) -> int:
         return self.committed_end
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below the first offset of every committed open transaction (the LSO)."""
+        first = self.producers.first_unstable_offset()
+        return self.committed_end if first is None else min(first, self.committed_end)
 
     async def wait_for_data(self, offset: int) -> None:
         """Return once the committed end is past `offset` (or the log closes)."""
