@@ -332,3 +332,19 @@ CREATE TRIGGER producer_state_txn AFTER INSERT OR UPDATE OF state ON producer_st
 ALTER TABLE cluster_requests DROP CONSTRAINT cluster_requests_kind_check;
 ALTER TABLE cluster_requests ADD CONSTRAINT cluster_requests_kind_check
     CHECK (kind IN ('rebalance', 'transaction_state'));
+
+-- The aborted-transaction index stays proportional to retained data: aborts wholly below a
+-- partition's new log start (retention, DeleteRecords) go with it.
+CREATE FUNCTION mink_prune_aborted_transactions() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM aborted_transactions
+     WHERE topic_id = NEW.topic_id AND partition = NEW.partition
+       AND last_offset < NEW.log_start_offset;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER partitions_prune_aborted_transactions
+    AFTER UPDATE OF log_start_offset ON partitions
+    FOR EACH ROW WHEN (NEW.log_start_offset > OLD.log_start_offset)
+    EXECUTE FUNCTION mink_prune_aborted_transactions();
