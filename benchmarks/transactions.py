@@ -89,13 +89,16 @@ def run_store(name: str, seconds: float, postgres, harness, moto) -> list[dict]:
         folder = tempfile.mkdtemp(prefix="mink-bench-txn-")
         config["store_url"] = Path(folder).as_uri()
     else:
-        from benchmarks.storage import S3_KEY, S3_REGION, _boto3_client
+        import os
 
+        from benchmarks.storage import _boto3_client, _s3_env
+
+        # The harness opens the store from its URL alone: moto's endpoint and dummy
+        # credentials come from the environment (never a real service's).
+        os.environ.update(_s3_env(), AWS_ENDPOINT_URL_S3=moto.endpoint)
         bucket = f"bench-txn-{uuid.uuid4().hex[:8]}"
         _boto3_client(moto.endpoint).create_bucket(Bucket=bucket)
-        config.update(store_url=f"s3://{bucket}/mink", s3_endpoint_url=moto.endpoint,
-                      s3_region=S3_REGION, s3_access_key_id=S3_KEY,
-                      s3_secret_access_key=S3_KEY)
+        config.update(store_url=f"s3://{bucket}/mink")
     results = []
     with blocking_node(harness, postgres, **config) as node:
         for size in SIZES:

@@ -30,6 +30,7 @@ from mink.storage import controlplane as md
 from mink.storage.controlplane.groups import Fence
 from mink.storage.controlplane.transactions import (
     NotTransactionCoordinator,
+    PendingMarker,
     TransactionStore,
     TxnRecord,
     WriteConflict,
@@ -39,6 +40,12 @@ log = logging.getLogger(__name__)
 
 CREATE_REQUEST = "transaction_state"  # the cluster request asking the holder for the topic
 WAIT_S = 5.0  # the longest a request waits on PostgreSQL before a retriable answer
+# A request finding the transaction's markers still being written waits this long for them
+# before it answers CONCURRENT_TRANSACTIONS: the markers of a commit usually take a few ms,
+# and a client's retry backoff (100 ms by default) is the latency a producer starting its
+# next transaction at once would otherwise pay.
+COMPLETE_WAIT_S = 0.25
+COMPLETE_POLL_S = 0.005
 
 
 class TransactionCoordinator:
@@ -52,7 +59,6 @@ class TransactionCoordinator:
         self.store = TransactionStore(node.metadata)
         self._locks: dict[str, trio.Lock] = {}
         self._topic_wanted = False
-        self.markers_due = trio.Event()  # set when this node decided: markers to write
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -148,6 +154,11 @@ class TransactionCoordinator:
                 with trio.fail_after(WAIT_S):
                     for _attempt in range(2):
                         stored = await self.store.read(transactional_id)
+                        settle_by = trio.current_time() + COMPLETE_WAIT_S
+                        while stored is not None and stored.state in rules.PREPARING and (
+                                trio.current_time() < settle_by):
+                            await trio.sleep(COMPLETE_POLL_S)
+                            stored = await self.store.read(transactional_id)
                         decision = decide(_stored(stored))
                         write = decision.write
                         if write is None:
@@ -169,7 +180,11 @@ class TransactionCoordinator:
                         except WriteConflict:
                             continue  # read again: what changed may answer the request
                         if write.state in rules.PREPARING:
-                            self.markers_due.set()
+                            partitions = {*stored.partitions, *write.add} if stored else set()
+                            self.node.markers.submit([PendingMarker(
+                                topic_id, partition, pid, write.producer_epoch,
+                                write.state == rules.PREPARE_COMMIT, fence.leader_epoch)
+                                for topic_id, partition in partitions])
                             log.info("transaction %r of producer %d epoch %d: %s",
                                      transactional_id, pid, write.producer_epoch,
                                      write.state)

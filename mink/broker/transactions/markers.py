@@ -48,27 +48,40 @@ class MarkerWriter:
     def __init__(self, node) -> None:
         self.node = node
         self._in_flight: set[tuple] = set()
+        self._nursery: trio.Nursery | None = None
+        # __consumer_offsets partition -> group markers being taken now
+        self.group_markers_in_flight: dict[int, int] = {}
         self.written = 0  # markers made durable by this node (tests, metrics)
 
+    def submit(self, markers: list[PendingMarker]) -> None:
+        """Markers this node just decided: those of partitions it leads are written at once
+        (the others wait for their leader's next round)."""
+        nursery = self._nursery
+        if nursery is None:
+            return
+        for marker in markers:
+            key = (marker.topic_id, marker.partition, marker.producer_id)
+            if key not in self._in_flight:
+                self._in_flight.add(key)
+                nursery.start_soon(self._write, marker, key)
+
     async def run(self) -> None:
-        coordinator = self.node.transactions
-        async with trio.open_nursery() as nursery:
-            while True:
-                due = coordinator.markers_due
-                try:
-                    markers = await coordinator.store.pending_markers(self.node.node_id)
-                except md.MetadataError as exc:
-                    log.debug("reading pending markers failed: %s", exc)
-                    markers = []
-                for marker in markers:
-                    key = (marker.topic_id, marker.partition, marker.producer_id)
-                    if key not in self._in_flight:
-                        self._in_flight.add(key)
-                        nursery.start_soon(self._write, marker, key)
-                with trio.move_on_after(POLL_S):
-                    await due.wait()
-                if due.is_set():
-                    coordinator.markers_due = trio.Event()
+        """Every POLL_S, the markers due in the partitions this node leads (those it decided
+        itself were submitted at once)."""
+        store = self.node.transactions.store
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                while True:
+                    try:
+                        markers = await store.pending_markers(self.node.node_id)
+                    except md.MetadataError as exc:
+                        log.debug("reading pending markers failed: %s", exc)
+                        markers = []
+                    self.submit(markers)
+                    await trio.sleep(POLL_S)
+        finally:
+            self._nursery = None
 
     async def _write(self, marker: PendingMarker, key: tuple) -> None:
         try:
@@ -104,7 +117,18 @@ class MarkerWriter:
         node = self.node
         fence = Fence(marker.topic_id, marker.partition, partition_log.leader_epoch,
                       node.node_id, node.membership.node_epoch)
-        with trio.fail_after(WRITE_TIMEOUT_S):
-            done = await node.transactions.store.group_marker(fence, marker.producer_id)
-        node.groups.apply_transactional_offsets(done)
+        # From the moment PostgreSQL removes the pending offsets until the cache has them,
+        # OffsetFetch(require_stable) must still answer UNSTABLE_OFFSET_COMMIT.
+        self.group_markers_in_flight[marker.partition] = (
+            self.group_markers_in_flight.get(marker.partition, 0) + 1)
+        try:
+            with trio.fail_after(WRITE_TIMEOUT_S):
+                done = await node.transactions.store.group_marker(fence, marker.producer_id)
+            node.groups.apply_transactional_offsets(done)
+        finally:
+            left = self.group_markers_in_flight.pop(marker.partition) - 1
+            if left:
+                self.group_markers_in_flight[marker.partition] = left
         self.written += 1
+        log.debug("group marker of producer %d at %s-%d: %d offsets", marker.producer_id,
+                  OFFSETS_TOPIC, marker.partition, len(done))

@@ -98,12 +98,22 @@ CREATE INDEX txn_offsets_group ON txn_offsets (group_id);
 
 
 -- A marker is durable (or not needed): remove it; the transaction completes with its last.
+-- Markers of one transaction become durable in concurrent WAL commits (one per leader): a
+-- transaction-level advisory lock per transactional id orders them, so that the last one
+-- sees the others gone (under READ COMMITTED two concurrent deletes would each still see the
+-- other's row, and nobody would complete the transaction). An advisory lock, not the
+-- transactions row: the WAL commit holds its partitions' row locks here, and the
+-- coordinator's writes take key-share locks on partitions while holding that row.
 CREATE FUNCTION mink_txn_marker_done(p_topic_id uuid, p_partition integer, p_producer_id bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_txn text;
 BEGIN
+    PERFORM pg_advisory_xact_lock(7302, hashtext(m.transactional_id))
+       FROM txn_markers AS m
+      WHERE m.topic_id = p_topic_id AND m.partition = p_partition
+        AND m.producer_id = p_producer_id;
     FOR v_txn IN
         DELETE FROM txn_markers
          WHERE topic_id = p_topic_id AND partition = p_partition AND producer_id = p_producer_id
