@@ -415,3 +415,41 @@ def test_add_partitions_and_timeout_rules():
                                    {(T, 0)}) == ErrorCode.none
     assert rules.verify_partitions(stored(rules.COMPLETE_ABORT), 7, 3, {(T, 0)}) == (
         ErrorCode.invalid_txn_state)
+
+
+async def test_aborted_transactions_stay_hidden_after_a_restart(mink_postgres, store_url):
+    """The aborted-transaction index is read back from PostgreSQL by the reopened partition
+    (the node's memory of its aborts is gone), and the LSO comes back with the producer
+    states: a transaction left open across the restart still holds read_committed back."""
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         num_partitions=1, transaction_state_num_partitions=1) as node:
+        def before():
+            producer = txn_producer(node.bootstrap, "txn-restart")
+            for kind in (b"kept", b"dropped", b"kept-too"):
+                producer.begin_transaction()
+                for i in range(5):
+                    producer.produce("restart", value=kind + b"-%d" % i, partition=0)
+                producer.flush(TIMEOUT)
+                if kind == b"dropped":
+                    producer.abort_transaction(TIMEOUT)
+                else:
+                    producer.commit_transaction(TIMEOUT)
+            opener = txn_producer(node.bootstrap, "txn-left-open")
+            opener.begin_transaction()
+            opener.produce("restart", value=b"open", partition=0)
+            opener.flush(TIMEOUT)
+            return consume_all(node.bootstrap, "restart", "read_committed", partitions=1,
+                               expected=10)
+
+        first = await trio.to_thread.run_sync(before)
+        await node.restart()
+        after = await trio.to_thread.run_sync(lambda: consume_all(
+            node.bootstrap, "restart", "read_committed", partitions=1))
+        everything = await trio.to_thread.run_sync(lambda: consume_all(
+            node.bootstrap, "restart", "read_uncommitted", partitions=1, expected=16))
+    kept = sorted([b"kept-%d" % i for i in range(5)] + [b"kept-too-%d" % i for i in range(5)])
+    assert values(first) == kept
+    assert values(after) == kept, "no aborted record, nothing past the open transaction"
+    assert len(everything) == 16
