@@ -43,6 +43,20 @@ def below_stable_offset(views: list[memoryview], last_stable_offset: int
     return out
 
 
+def any_transactional(views: list[memoryview]) -> bool:
+    """Whether a batch in `views` is transactional: only then can an aborted transaction
+    concern the range, and only then is the index read (a partition never written in a
+    transaction is served from the cache alone, also while PostgreSQL is down)."""
+    for view in views:
+        position, end = 0, len(view)
+        while position + 23 <= end:
+            _, length = _POSITION.unpack_from(view, position)
+            if view[position + 22] & 0x10:  # attributes (int16 at 21): the transactional bit
+                return True
+            position += 12 + length
+    return False
+
+
 def last_offset_of(views: list[memoryview]) -> int:
     """The last offset of the batches in `views` (-1 when empty)."""
     last = -1

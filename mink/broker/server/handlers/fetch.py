@@ -57,7 +57,7 @@ async def handle(node, ctx, request):
 async def _find_aborted(node, reads: list[_Read]) -> None:
     """Transactions (KIP-98): the aborted transactions of each range returned."""
     for read in reads:
-        if read.records and not read.error:
+        if read.records and not read.error and read_committed.any_transactional(read.records):
             try:
                 read.aborted = await read_committed.aborted_transactions(
                     node.transactions.store, read.located.log, read.request.fetch_offset,
