@@ -79,6 +79,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # so that tests can shorten it below a minute.
     offsets_retention_minutes: float = 10080
     offsets_retention_check_interval_ms: int = 600_000
+    # Transactions: transaction.state.log.num.partitions (the internal topic is created when
+    # the first transactional id is looked up), transaction.max.timeout.ms, and how often a
+    # coordinator aborts transactions open past their timeout
+    # (transaction.abort.timed.out.transaction.cleanup.interval.ms).
+    transaction_state_num_partitions: int = 50
+    transaction_max_timeout_ms: int = 900_000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
 
     # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
     # off no metric is kept either.

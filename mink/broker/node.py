@@ -30,6 +30,8 @@ from mink.broker.logs import bind_node
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.admin import TopicAdmin
+from mink.broker.transactions.coordinator import TransactionCoordinator
+from mink.broker.transactions.markers import MarkerWriter
 from mink.broker.transactions.producer_ids import ProducerIdBlock
 from mink.storage.log import PartitionLog
 from mink.storage.controlplane import MetadataStore
@@ -62,6 +64,8 @@ class Node:
         self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
         self.tiering = TieringWorker(self)  # WAL objects into stream objects (coordinator)
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
+        self.transactions = TransactionCoordinator(self)  # transactional ids
+        self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
         # False: stopping leaves the membership and the coordinator lease to expire, as after
         # a crash (the test harness's in-process "kill").
@@ -137,6 +141,8 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             nursery.start_soon(node.lifecycle.run)
             nursery.start_soon(node.tiering.run)
             await nursery.start(node.groups.run)
+            nursery.start_soon(node.transactions.run)
+            nursery.start_soon(node.markers.run)
             if on_started is not None:
                 on_started(node)
             task_status.started(node.advertised)

@@ -9,8 +9,9 @@ Kafka error code, KIP-467 record errors, a message). In Kafka's order:
    (`records.parse_produce_records`): exactly one v2 batch, CRC, baseOffset 0,
    lastOffsetDelta = count - 1, no control batch, a sequence with a producer id; then
    max.message.bytes (MESSAGE_TOO_LARGE), before anything is decompressed.
-   Transactional batches are refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka
-   answers a transactional batch without a (known) transactional id: Mink has none yet.
+   Transactional batches in a request without a transactional id are refused with
+   TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers them (its authorization of a null
+   transactional id fails).
 2. Decompression of every codec (CORRUPT_MESSAGE when the payload does not decompress; Kafka
    answers a KafkaException there, which reaches the client as UNKNOWN_SERVER_ERROR), bounded
    by `max_decompressed_bytes` (MESSAGE_TOO_LARGE past it, found from the codec's headers or
@@ -102,6 +103,7 @@ class ValidationSettings(NamedTuple):
     max_decompressed_bytes: int = DECOMPRESSED_FLOOR_BYTES  # see decompressed_size_limit
     compacted: bool = False  # cleanup.policy contains compact: every record needs a key
     validate_records: bool = True  # False: header checks only (benchmarks compare the cost)
+    transactional_id: bool = False  # the Produce request names a transactional id
 
 
 class ValidBatch(NamedTuple):
@@ -134,10 +136,9 @@ def validate_produce_records(records, api_version: int,
     if header.size > settings.max_message_bytes:
         return Refusal(MESSAGE_TOO_LARGE,
                        f"batch of {header.size} bytes is over max.message.bytes")
-    if header.is_transactional:
+    if header.is_transactional and not settings.transactional_id:
         return Refusal(TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                       "transactional batches need a transactional id; transactions are not "
-                       "supported")
+                       "transactional batches need a transactional id")
     if header.has_producer_id and header.producer_epoch < 0:
         return Refusal(INVALID_RECORD, f"invalid producer epoch {header.producer_epoch} in a "
                                        f"record batch with producerId {header.producer_id}")

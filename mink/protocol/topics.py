@@ -7,7 +7,9 @@ import re
 MAX_NAME_LENGTH = 249
 # Kafka's internal topic of consumer groups: its partitions' leaders coordinate the groups.
 OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+# Kafka's internal topic of transactions: its partitions' leaders coordinate transactional ids.
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 

@@ -82,6 +82,15 @@ class OutOfOrderSequence(LogError):
     pass
 
 
+class InvalidTxnState(LogError):
+    """A transactional batch outside an ongoing transaction of its producer (KIP-890)."""
+
+
+_PRODUCER_ERRORS = {"invalid_producer_epoch": InvalidProducerEpoch,
+                    "out_of_order_sequence_number": OutOfOrderSequence,
+                    "invalid_txn_state": InvalidTxnState}
+
+
 class DuplicateBatch(LogError):
     """The batch repeats one of the producer's last five: answer with the original offset
     (once `batch.pending`, if still in flight, has its outcome); write nothing."""
@@ -224,8 +233,8 @@ class PartitionLog:
         return pending
 
     def _producer_refusal(self, producer: ProducerAppend, exc: ProducerError) -> LogError:
-        if exc.kind == "invalid_producer_epoch":
-            return InvalidProducerEpoch(str(exc))
+        if exc.kind != "out_of_order_sequence_number":
+            return _PRODUCER_ERRORS[exc.kind](str(exc))
         if exc.expected_seq is not None and self.refused_sequences.explains_gap(
                 self.topic_id, self.partition, producer, exc.expected_seq):
             # The gap is ours (see RefusedSequences): retriable, never written.
@@ -314,6 +323,12 @@ class PartitionLog:
     @property
     def high_watermark(self) -> int:
         return self.committed_end
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below the first offset of every committed open transaction (the LSO)."""
+        first = self.producers.first_unstable_offset()
+        return self.committed_end if first is None else min(first, self.committed_end)
 
     async def wait_for_data(self, offset: int) -> None:
         """Return once the committed end is past `offset` (or the log closes)."""

@@ -967,6 +967,39 @@ class GroupCoordinator:
                 results[(o.topic, o.partition)] = error
         return results
 
+    # -- transactional offsets (TxnOffsetCommit; the state is in PostgreSQL, see
+    # mink/broker/transactions/) ----------------------------------------------------------
+
+    def transactional_fence(self, group_id: str, generation: int, member_id: str,
+                            group_instance_id: str | None) -> tuple[ErrorCode, Fence | None]:
+        """TxnOffsetCommit's checks (KIP-447: generation, member id, instance id when the
+        client sends them) and the fence of the group's partition."""
+        error = self._status(group_id)
+        if error:
+            return error, None
+        group = self.groups.get(group_id)
+        if group is not None and (generation >= 0 or member_id or group_instance_id):
+            error = self._validate_offset_commit(group, generation, member_id or "",
+                                                 group_instance_id)
+            if error is not None:
+                return error, None
+        elif group is None and generation >= 0:
+            return ErrorCode.illegal_generation, None
+        st = self._partitions.get(self.partition_for(group_id))
+        return ErrorCode.none, Fence(st.topic_id, st.index, st.leader_epoch,
+                                     self.node.node_id, self.node.membership.node_epoch)
+
+    def apply_transactional_offsets(self, done) -> None:
+        """A transaction's marker reached its groups' partition: the offsets its commit made
+        durable (rows of mink_txn_group_marker) join the cache."""
+        now_ms = int(trio.current_time() * 1000)
+        for group_id, topic, partition, offset, leader_epoch, metadata, committed in done:
+            if not committed or self._status(group_id):
+                continue
+            group = self.groups.get(group_id) or self._add_group(group_id)
+            group.offsets[(topic, partition)] = OffsetAndMetadata(offset, leader_epoch,
+                                                                  metadata, now_ms)
+
     def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None
                       ) -> tuple[ErrorCode, list[OffsetEntry]]:
         """OffsetFetch: (group error, entries); every partition asked for, or every committed

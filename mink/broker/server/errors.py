@@ -8,6 +8,7 @@ from kio.schema.errors import ErrorCode
 from mink.storage.log import (
     AppendInDoubt,
     InvalidProducerEpoch,
+    InvalidTxnState,
     LogError,
     NotLeader,
     OffsetOutOfRange,
@@ -32,6 +33,8 @@ def error_for(exc: LogError) -> ErrorCode:
         return ErrorCode.offset_out_of_range
     if isinstance(exc, InvalidProducerEpoch):
         return ErrorCode.invalid_producer_epoch
+    if isinstance(exc, InvalidTxnState):
+        return ErrorCode.invalid_txn_state
     if isinstance(exc, OutOfOrderSequence):
         return ErrorCode.out_of_order_sequence_number
     return ErrorCode.unknown_server_error

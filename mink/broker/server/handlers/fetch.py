@@ -12,12 +12,13 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.errors import error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.broker.transactions import read_committed
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.log import LogError
 
 
 class _Read:
-    __slots__ = ("topic", "request", "located", "error", "records", "size")
+    __slots__ = ("topic", "request", "located", "error", "records", "size", "aborted")
 
     def __init__(self, topic: str, request, located):
         self.topic = topic
@@ -26,6 +27,7 @@ class _Read:
         self.error = located.error
         self.records: list = []
         self.size = 0
+        self.aborted: list = []  # read_committed: (producer id, first offset)
 
 
 async def handle(node, ctx, request):
@@ -40,16 +42,31 @@ async def handle(node, ctx, request):
                 read.error = check_leader_epoch(p.current_leader_epoch, located.log)
             reads.append(read)
     deadline = trio.current_time() + request.max_wait.total_seconds()
+    committed_only = request.isolation_level == read_committed.READ_COMMITTED
     while True:
-        total = await _read_all(reads, request.max_bytes)
+        total = await _read_all(reads, request.max_bytes, committed_only)
         if total >= request.min_bytes or trio.current_time() >= deadline or (
                 any(r.error for r in reads)):
             break
         await _wait_for_commit(reads, deadline)
+    if committed_only:
+        await _find_aborted(node, reads)
     return _response(node, version, reads)
 
 
-async def _read_all(reads: list[_Read], max_bytes: int) -> int:
+async def _find_aborted(node, reads: list[_Read]) -> None:
+    """Transactions (KIP-98): the aborted transactions of each range returned."""
+    for read in reads:
+        if read.records and not read.error and read_committed.any_transactional(read.records):
+            try:
+                read.aborted = await read_committed.aborted_transactions(
+                    node.transactions.store, read.located.log, read.request.fetch_offset,
+                    read_committed.last_offset_of(read.records))
+            except LogError as exc:
+                read.error, read.records = error_for(exc), []
+
+
+async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = False) -> int:
     total = 0
     for read in reads:
         read.records, read.size = [], 0
@@ -64,6 +81,9 @@ async def _read_all(reads: list[_Read], max_bytes: int) -> int:
         except LogError as exc:
             read.error = error_for(exc)
             continue
+        if committed_only:  # read_committed: nothing at or past the last stable offset
+            read.records = read_committed.below_stable_offset(
+                read.records, read.located.log.last_stable_offset)
         read.size = sum(len(r) for r in read.records)
         total += read.size
     return total
@@ -85,6 +105,7 @@ async def _wait_for_commit(reads: list[_Read], deadline: float) -> None:
 def _response(node, version: int, reads: list[_Read]):
     schema = response_schema(1, version)
     partition_schema = nested(schema, "PartitionData")
+    aborted_schema = nested(schema, "AbortedTransaction")
     leader_schema = nested(schema, "LeaderIdAndEpoch") if version >= 12 else None
     topics: dict[str, list] = {}
     metrics = node.metrics
@@ -104,11 +125,14 @@ def _response(node, version: int, reads: list[_Read]):
                 extra["current_leader"] = leader_schema(leader_id=p.leader,
                                                         leader_epoch=p.leader_epoch)
         high_watermark = partition_log.high_watermark if partition_log is not None else -1
+        stable = partition_log.last_stable_offset if partition_log is not None else -1
         topics.setdefault(read.topic, []).append(build(
             partition_schema, partition_index=read.request.partition, error_code=read.error,
-            high_watermark=high_watermark, last_stable_offset=high_watermark,
+            high_watermark=high_watermark, last_stable_offset=stable,
             log_start_offset=partition_log.log_start_offset if partition_log else -1,
-            aborted_transactions=(), preferred_read_replica=-1,
+            aborted_transactions=tuple(aborted_schema(producer_id=pid, first_offset=first)
+                                       for pid, first in read.aborted),
+            preferred_read_replica=-1,
             records=b"".join(read.records) if read.records else b"", **extra))
     topic_schema = nested(schema, "FetchableTopicResponse")
     return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, session_id=0,

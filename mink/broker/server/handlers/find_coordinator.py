@@ -1,5 +1,6 @@
 """FindCoordinator: the node coordinating a group (the leader of its partition of
-__consumer_offsets). Transactions are not supported: their coordinator is never found."""
+__consumer_offsets) or a transactional id (the leader of its partition of
+__transaction_state)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ async def handle(node, ctx, request):
 
 def _find(node, key: str, key_type: int) -> dict:
     if key_type == TRANSACTION:
-        return _error(ErrorCode.invalid_request, "transactions are not supported")
-    if key_type != GROUP:
+        error, broker = node.transactions.coordinator_for(key)
+    elif key_type == GROUP:
+        error, broker = node.groups.coordinator_for(key)
+    else:
         return _error(ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
-    error, broker = node.groups.coordinator_for(key)
     if error:
-        return _error(error, "the group's coordinator is not available")
+        return _error(error, "the coordinator is not available")
     return dict(error_code=ErrorCode.none, error_message=None, node_id=broker.node_id,
                 host=broker.host, port=broker.port)
 

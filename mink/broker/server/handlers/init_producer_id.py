@@ -1,6 +1,7 @@
 """InitProducerId for idempotent producers (no transactional id): a producer id that was
 never used before, at epoch 0; or, when the client names its current id and epoch (v3+,
-KIP-360, how the Java client recovers from OUT_OF_ORDER_SEQUENCE_NUMBER), the next epoch."""
+KIP-360, how the Java client recovers from OUT_OF_ORDER_SEQUENCE_NUMBER), the next epoch.
+With a transactional id the transaction coordinator answers (mink/broker/transactions/)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ async def handle(node, ctx, request):
         return build(schema, throttle_time=NO_THROTTLE, error_code=error,
                      producer_id=producer_id, producer_epoch=epoch)
 
-    if request.transactional_id is not None:
-        # Transactions are not implemented; say so rather than half-serve them.
-        return answer(ErrorCode.transactional_id_authorization_failed)
     current_id = getattr(request, "producer_id", -1)
     current_epoch = getattr(request, "producer_epoch", -1)
+    if request.transactional_id is not None:
+        error, producer_id, epoch = await node.transactions.init_producer_id(
+            request.transactional_id, int(request.transaction_timeout.total_seconds() * 1000),
+            current_id, current_epoch)
+        return answer(error, producer_id, epoch)
     try:
         if current_id >= 0 and current_epoch >= 0:
             with trio.move_on_after(WAIT_FOR_BLOCK_S) as waited:

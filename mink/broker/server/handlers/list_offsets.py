@@ -21,7 +21,8 @@ async def handle(node, ctx, request):
     for topic in request.topics:
         partitions = []
         for p in topic.partitions:
-            error, offset, timestamp, epoch = await _list_offset(node, topic.name, p)
+            error, offset, timestamp, epoch = await _list_offset(
+                node, topic.name, p, getattr(request, "isolation_level", 0))
             partitions.append(build(
                 partition_schema, partition_index=p.partition_index, error_code=error,
                 timestamp=timestamp, offset=offset, leader_epoch=epoch))
@@ -30,7 +31,8 @@ async def handle(node, ctx, request):
     return build(schema, throttle_time=NO_THROTTLE, topics=tuple(topics))
 
 
-async def _list_offset(node, name: str, p) -> tuple[ErrorCode, int, int, int]:
+async def _list_offset(node, name: str, p,
+                       isolation_level: int = 0) -> tuple[ErrorCode, int, int, int]:
     located = locate(node, name, p.partition_index, still_opening=ErrorCode.leader_not_available)
     log = located.log
     if log is None:
@@ -38,8 +40,9 @@ async def _list_offset(node, name: str, p) -> tuple[ErrorCode, int, int, int]:
     error = check_leader_epoch(getattr(p, "current_leader_epoch", -1), log)
     if error:
         return error, -1, -1, -1
-    if p.timestamp == LATEST:
-        return ErrorCode.none, log.high_watermark, -1, log.leader_epoch
+    if p.timestamp == LATEST:  # read_committed (isolation level 1): the last stable offset
+        latest = log.last_stable_offset if isolation_level == 1 else log.high_watermark
+        return ErrorCode.none, latest, -1, log.leader_epoch
     if p.timestamp == EARLIEST:
         return ErrorCode.none, log.log_start_offset, -1, log.leader_epoch
     try:

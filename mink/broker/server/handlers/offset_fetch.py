@@ -6,6 +6,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.groups.coordinator import OffsetEntry
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.transactions.offsets import mark_unstable, unstable_partitions
 from mink.protocol.messages import build, nested, response_schema
 
 
@@ -14,7 +15,11 @@ async def handle(node, ctx, request):
     version = ctx.header.api_version
     requested = (None if request.topics is None else
                  [(t.name, i) for t in request.topics for i in t.partition_indexes])
+    stable = getattr(request, "require_stable", False)  # KIP-447
+    unstable = await unstable_partitions(node, request.group_id) if stable else set()
     error, entries = node.groups.fetch_offsets(request.group_id, requested)
+    if stable and not error:
+        entries = mark_unstable(entries, unstable)
     if error and version < 2:
         # no group-level error code before v2: every partition carries it
         entries = [OffsetEntry(topic, index, -1, -1, "", error)

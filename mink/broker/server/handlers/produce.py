@@ -13,6 +13,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.config import topic_setting
+from mink.broker.transactions.verification import verify_transactional_batches
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.log_validator import (
     Refusal,
@@ -63,10 +64,6 @@ async def handle(node, ctx, request):
 
     if request.acks not in (-1, 0, 1):
         return refuse_all(ErrorCode.invalid_required_acks)
-    if request.transactional_id is not None:
-        # Transactions are not implemented: refuse them clearly rather than half-way.
-        return refuse_all(ErrorCode.transactional_id_authorization_failed,
-                          "transactions are not supported")
     deadline = trio.current_time() + request.timeout.total_seconds()
     if node.config.auto_create_topics_enable:
         await node.topic_admin.auto_create_topics([t.name for t in request.topic_data
@@ -81,8 +78,12 @@ async def handle(node, ctx, request):
         return refuse_all(ErrorCode.request_timed_out, "the WAL stayed full")
     except LogError as exc:
         return refuse_all(error_for(exc), str(exc))
+    # KIP-890: transactional batches starting a transaction here are checked first.
+    await verify_transactional_batches(node, request)
     # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
-    results = {t.name: [_append(node, t.name, p, version) for p in t.partition_data]
+    transactional = request.transactional_id is not None
+    results = {t.name: [_append(node, t.name, p, version, transactional)
+                        for p in t.partition_data]
                for t in request.topic_data}
     ctx.applied()
     _log_too_large(ctx, results)
@@ -152,7 +153,8 @@ def _refused(index: int, error: ErrorCode, message: str | None = None) -> _Parti
     return result
 
 
-def _append(node, name: str, data, version: int) -> _PartitionResult:
+def _append(node, name: str, data, version: int,
+            transactional: bool = False) -> _PartitionResult:
     topic = node.view.topics.get(name)
     if topic is None or not 0 <= data.index < len(topic.partitions):
         return _refused(data.index, ErrorCode.unknown_topic_or_partition)
@@ -166,7 +168,8 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
         return result
     if not data.records:
         return _refused(data.index, ErrorCode.invalid_record, "no record batch")
-    validated = validate_produce_records(data.records, version, _settings(node, topic.config))
+    validated = validate_produce_records(data.records, version,
+                                         _settings(node, topic.config, transactional))
     if isinstance(validated, Refusal):
         result = _refused(data.index, ErrorCode(validated.error_code), validated.message)
         result.record_errors = validated.record_errors
@@ -179,7 +182,8 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
     producer = None
     if header.producer_id >= 0:
         producer = ProducerAppend(header.producer_id, header.producer_epoch,
-                                  header.base_sequence, header.last_sequence)
+                                  header.base_sequence, header.last_sequence,
+                                  transactional=header.is_transactional)
     try:
         result.pending = partition_log.append(validated.batch, [header.records_count],
                                               validated.max_timestamp, producer)
@@ -196,7 +200,7 @@ def _append(node, name: str, data, version: int) -> _PartitionResult:
     return result
 
 
-def _settings(node, config: dict) -> ValidationSettings:
+def _settings(node, config: dict, transactional: bool = False) -> ValidationSettings:
     """What the LogValidator needs from the topic's settings and the broker's clock."""
     append_time = topic_setting(config, "message.timestamp.type") == "LogAppendTime"
     max_message_bytes = topic_setting(config, "max.message.bytes")
@@ -208,7 +212,8 @@ def _settings(node, config: dict) -> ValidationSettings:
         max_message_bytes=max_message_bytes,
         max_decompressed_bytes=decompressed_size_limit(max_message_bytes),
         compacted=False,  # cleanup.policy=compact is refused when topics are made (topic_config)
-        validate_records=node.config.produce_validate_records)
+        validate_records=node.config.produce_validate_records,
+        transactional_id=transactional)
 
 
 def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
