@@ -297,3 +297,110 @@ async def test_confluent_authorized_operations(node):
         AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE,
         AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS,
         AclOperation.ALTER_CONFIGS}
+
+
+# -- 4. topic settings ---------------------------------------------------------------------
+
+
+def stored_codecs(address: str, topic: str) -> list[int]:
+    """The codec bits of every stored batch of partition 0, from a raw Fetch v12 (laid out
+    from FetchRequest.json): what the object store holds, byte for byte."""
+    import datetime
+
+    from mink.protocol.records import iter_batches
+
+    with BlockingKafkaClient(address, timeout=10) as client:
+        schema = load_request_schema(ApiKey.FETCH, 12)
+        body = build(schema, replica_id=-1, max_wait=datetime.timedelta(milliseconds=10),
+                     min_bytes=0, max_bytes=64 << 20, isolation_level=0, session_id=0,
+                     session_epoch=-1, forgotten_topics_data=(), rack_id="",
+                     topics=(nested(schema, "FetchTopic")(topic=topic, partitions=(
+                         nested(schema, "FetchPartition")(
+                             partition=0, fetch_offset=0, partition_max_bytes=64 << 20),)),))
+        records = client.call(ApiKey.FETCH, 12, body).responses[0].partitions[0].records
+    return [header.compression for header, _ in iter_batches(records or b"")]
+
+
+def kafka_python_values(address: str, topic: str, count: int) -> list[bytes]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False,
+                             consumer_timeout_ms=10000)
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek(TopicPartition(topic, 0), 0)
+    try:
+        out = []
+        for message in consumer:
+            out.append(message.value)
+            if len(out) >= count:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+async def test_topic_compression_type_recompresses(node):
+    """compression.type on a topic (set through confluent-kafka's AdminClient) rebuilds a
+    gzip batch from confluent-kafka in the topic's codec, as Kafka's LogValidator does;
+    `producer` keeps gzip; `uncompressed` stores the records raw. kafka-python reads every
+    one back."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from mink.protocol import compression as codecs
+
+    topics = {"codec-zstd": "zstd", "codec-producer": "producer",
+              "codec-none": "uncompressed", "codec-lz4": "lz4"}
+
+    def create_and_produce():
+        admin = AdminClient({"bootstrap.servers": node})
+        futures = admin.create_topics([NewTopic(name, 1, 1, config={"compression.type": codec})
+                                       for name, codec in topics.items()])
+        for future in futures.values():
+            future.result(15)
+        producer = Producer({"bootstrap.servers": node, "compression.type": "gzip",
+                             "linger.ms": 50})
+        for name in topics:
+            for i in range(100):
+                producer.produce(name, b"value-%d " % i * 20, partition=0)
+        assert producer.flush(30) == 0
+
+    await in_thread(create_and_produce)
+    expected = [b"value-%d " % i * 20 for i in range(100)]
+    wanted = {"codec-zstd": codecs.ZSTD, "codec-producer": codecs.GZIP,
+              "codec-none": codecs.NONE, "codec-lz4": codecs.LZ4}
+    for name, codec in wanted.items():
+        found = await in_thread(stored_codecs, node, name)
+        assert found and set(found) == {codec}, (name, found)
+        assert await in_thread(kafka_python_values, node, name, 100) == expected, name
+
+
+async def test_describe_configs_documents_ignored_settings(node):
+    """A setting Mink stores but does not act on is described with why, in DescribeConfigs'
+    documentation field (a raw DescribeConfigs v4 laid out from its JSON schema:
+    confluent-kafka and kafka-python do not return documentation)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    def create():
+        admin = AdminClient({"bootstrap.servers": node})
+        admin.create_topics([NewTopic("documented", 1, 1, config={
+            "segment.bytes": "1048576", "compression.type": "zstd"})])["documented"].result(15)
+
+    await in_thread(create)
+
+    def describe():
+        with BlockingKafkaClient(node, timeout=10) as client:
+            schema = load_request_schema(ApiKey.DESCRIBE_CONFIGS, 4)
+            resource = nested(schema, "DescribeConfigsResource")(
+                resource_type=2, resource_name="documented", configuration_keys=None)
+            return client.call(ApiKey.DESCRIBE_CONFIGS, 4, build(
+                schema, resources=(resource,), include_synonyms=False,
+                include_documentation=True))
+
+    response = await in_thread(describe)
+    docs = {c.name: (c.value, c.documentation) for c in response.results[0].configs}
+    assert docs["segment.bytes"][0] == "1048576"
+    assert docs["segment.bytes"][1].startswith("Stored for Kafka tools; Mink does not act on it")
+    assert "no log segments" in docs["segment.bytes"][1]
+    assert docs["compression.type"][0] == "zstd"
+    assert "not act" not in docs["compression.type"][1]
