@@ -12,11 +12,10 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.protocol.messages import build, encode_body, nested, response_schema
-from mink.broker.security.operations import OMITTED, cluster_operations, topic_operations
 from mink.protocol.topics import INTERNAL_TOPICS, topic_name_error
 
 ZERO_UUID = uuid.UUID(int=0)
-NO_AUTHORIZED_OPERATIONS = OMITTED
+NO_AUTHORIZED_OPERATIONS = -(2**31)
 
 
 async def handle(node, ctx, request):
@@ -29,29 +28,22 @@ async def handle(node, ctx, request):
     view: ClusterView = node.view
     # Encoding is the cost (about 100 ms for 10,000 partitions): one encoding per snapshot,
     # version and question.
-    # KIP-430: the operations are there only when asked for (v8+; the cluster's v8-10)
-    operations = (bool(getattr(request, "include_topic_authorized_operations", False)),
-                  bool(getattr(request, "include_cluster_authorized_operations", False)))
-    key = ("metadata", version, operations, None if every_topic else tuple(
+    key = ("metadata", version, None if every_topic else tuple(
         (t.name, getattr(t, "topic_id", None)) for t in requested))
     encoded = view.memo.get(key)
     if encoded is None:
         if len(view.memo) > 256:
             view.memo.clear()
-        encoded = view.memo[key] = encode_body(
-            _response(view, version, requested, every_topic, operations))
+        encoded = view.memo[key] = encode_body(_response(view, version, requested, every_topic))
     return encoded
 
 
-def _response(view: ClusterView, version: int, requested, every_topic: bool,
-              operations: tuple[bool, bool] = (False, False)):
+def _response(view: ClusterView, version: int, requested, every_topic: bool):
     schema = response_schema(3, version)
-    topic_ops = topic_operations(operations[0])
     if every_topic:
-        topics = [_topic(schema, view, topic, topic_ops) for topic in view.topics.values()]
+        topics = [_topic(schema, view, topic) for topic in view.topics.values()]
     else:
-        topics = [_requested_topic(schema, view, t.name, getattr(t, "topic_id", None),
-                                   topic_ops)
+        topics = [_requested_topic(schema, view, t.name, getattr(t, "topic_id", None))
                   for t in requested]
     broker_schema = nested(schema, "MetadataResponseBroker")
     return build(
@@ -67,8 +59,7 @@ def _response(view: ClusterView, version: int, requested, every_topic: bool,
         cluster_id=view.cluster_id,
         controller_id=view.controller_id,
         topics=tuple(topics),
-        cluster_authorized_operations=cluster_operations(operations[1]),
-        error_code=ErrorCode.none,  # v13 (KIP-1102): a top-level error, none here
+        cluster_authorized_operations=NO_AUTHORIZED_OPERATIONS,
     )
 
 
@@ -77,15 +68,14 @@ def request_allows_auto_create(request, version: int) -> bool:
     return getattr(request, "allow_auto_topic_creation", True) if version >= 4 else True
 
 
-def _requested_topic(schema, view: ClusterView, name: str | None, topic_id,
-                     topic_ops: int = OMITTED):
+def _requested_topic(schema, view: ClusterView, name: str | None, topic_id):
     topic = None
     if name is not None:
         topic = view.topics.get(name)
     elif topic_id is not None and topic_id != ZERO_UUID:
         topic = view.topic_by_id(topic_id)
     if topic is not None:
-        return _topic(schema, view, topic, topic_ops)
+        return _topic(schema, view, topic)
     error = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
     if name is not None and topic_name_error(name):
         error = ErrorCode.invalid_topic_exception
@@ -94,7 +84,7 @@ def _requested_topic(schema, view: ClusterView, name: str | None, topic_id,
                  topic_authorized_operations=NO_AUTHORIZED_OPERATIONS)
 
 
-def _topic(schema, view: ClusterView, topic: TopicInfo, topic_ops: int = OMITTED):
+def _topic(schema, view: ClusterView, topic: TopicInfo):
     partition_schema = nested(schema, "MetadataResponsePartition")
     partitions = []
     for p in topic.partitions:
@@ -109,4 +99,4 @@ def _topic(schema, view: ClusterView, topic: TopicInfo, topic_ops: int = OMITTED
     return build(nested(schema, "MetadataResponseTopic"), error_code=ErrorCode.none,
                  name=topic.name, topic_id=topic.topic_id,
                  is_internal=topic.name in INTERNAL_TOPICS, partitions=tuple(partitions),
-                 topic_authorized_operations=topic_ops)
+                 topic_authorized_operations=NO_AUTHORIZED_OPERATIONS)
