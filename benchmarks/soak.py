@@ -26,7 +26,10 @@ load), so "last value against half-way value" judges the phase of a swing, not g
 leak is a trend: a series growing steadily by 20% over the half has a trend of 20% and
 fails, one swinging around a level has a trend near 0 and passes. A series counted in
 objects or index rows may also pass by its window (the count divided by the node's object
-rate: see COUNTED), since the node's object rate follows the shared machine's load.
+rate, change_log's by the rate versions are written: see COUNTED), since those rates follow
+the shared machine's load. The produce p99 is taken over messages sent at least
+STEADY_AFTER_S after the node's last restart was ready, so a minute's p99 is not its
+restart's (that one is kept as `produce_p99_restart_ms`, plotted, not judged).
 
 Results: `<out>/soak-<stamp>.json` (every sample), a Markdown summary with the verdict and
 the tables' sizes at the start and the end, and one PNG per store (a grid with one small plot
@@ -128,7 +131,7 @@ class Load:
         self.rate_bytes = rate_bytes
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.latencies: list[float] = []
+        self.latencies: list[tuple[float, float]] = []  # (sent, latency)
         self.produced = 0
         self.errors = 0
         self.consumed = 0
@@ -139,10 +142,14 @@ class Load:
         for thread in self.threads:
             thread.start()
 
-    def take_latencies(self) -> list[float]:
+    def take_latencies(self, steady_since: float) -> tuple[list[float], list[float]]:
+        """The latencies since the last call: of messages sent from steady_since on, and of
+        the rest (sent while the node restarted or just after)."""
         with self.lock:
-            out, self.latencies = self.latencies, []
-        return out
+            taken, self.latencies = self.latencies, []
+        steady = [latency for sent, latency in taken if sent >= steady_since]
+        restart = [latency for sent, latency in taken if sent < steady_since]
+        return steady, restart
 
     def _produce(self) -> None:
         from confluent_kafka import Producer
@@ -163,7 +170,7 @@ class Load:
                             self.errors += 1
                         else:
                             self.produced += 1
-                            self.latencies.append(time.monotonic() - sent)
+                            self.latencies.append((sent, time.monotonic() - sent))
                 try:
                     producer.produce(TOPIC, value=value, on_delivery=done)
                 except BufferError:
@@ -220,6 +227,9 @@ def metadata_sizes(db_url: str) -> dict[str, int]:
         out["wal_objects_inserted"] = conn.execute(
             "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'wal_objects'"
         ).fetchone()[0]
+        out["change_log_inserted"] = conn.execute(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'change_log'"
+        ).fetchone()[0]
         out["wal_objects_live"] = conn.execute(
             "SELECT count(*) FROM wal_objects WHERE gc_queued_at IS NULL").fetchone()[0]
     return out
@@ -262,6 +272,7 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
                     "MINK_S3_SECRET_ACCESS_KEY": S3_KEY})
     node = NodeProcess(env, tmp / f"node-{store}.log")
     node.start()
+    ready_at = time.monotonic()
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": node.address})
@@ -288,11 +299,13 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
                       "node_fences": node.log_path.read_text(errors="replace").count(
                           "stops leading")}
             if i % restart_every == 0:
-                latencies = load.take_latencies()
-                sample["produce_p99_ms"] = (None if not latencies
-                                            else round(p99(latencies) * 1000, 1))
+                steady, restart = load.take_latencies(ready_at + STEADY_AFTER_S)
+                sample["produce_p99_ms"] = None if not steady else round(p99(steady) * 1000, 1)
+                sample["produce_p99_restart_ms"] = (None if not restart
+                                                    else round(p99(restart) * 1000, 1))
                 node.stop()
                 sample["restart_s"] = round(node.start(), 2)
+                ready_at = time.monotonic()
             samples.append(sample)
             print(f"[{store}] {sample}", flush=True)
     finally:
@@ -306,10 +319,15 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
 SERIES = ["store_bytes", "store_objects", *TABLES[:GROWING], "database_bytes", "rss_bytes",
           "produce_p99_ms", "restart_s"]
 # Plotted beside the verdict's series, not judged: the load itself.
-LOAD_SERIES = ["wal_objects_live", "wal_objects_inserted", "consumed", "loadavg_1m",
+LOAD_SERIES = ["wal_objects_live", "wal_objects_inserted", "change_log_inserted",
+               "produce_p99_restart_ms", "consumed", "loadavg_1m",
                "node_fences"]
-RATES = {"wal_objects_inserted": "WAL objects committed /s", "consumed": "consumed /s"}
+RATES = {"wal_objects_inserted": "WAL objects committed /s",
+         "change_log_inserted": "versions written /s", "consumed": "consumed /s"}
 MAX_GROWTH = 0.10
+# The produce p99 counts messages sent this long after a restart was ready: the producer's
+# backlog from the restart (sent while the node was down) has drained by then.
+STEADY_AFTER_S = 10.0
 # Below these levels a change is a handful of rows (or milliseconds), not growth: the
 # growth is taken relative to at least this much.
 FLOORS = {"produce_p99_ms": 20.0, "restart_s": 0.5}
@@ -343,13 +361,22 @@ def trend_growth(times: list[float], values: list[float], floor: float) -> tuple
 # store and the index, retention (60 s) + its check (5 s) + file.delete.delay.ms (10 s);
 # unreferenced, the delay (10 s) + a collection tick; as a WAL decision, the store's time
 # + the 300 s the decisions are kept (DECISIONS_KEPT_S).
-COUNTED = {"store_objects": 75.0, "batch_index": 75.0, "wal_objects": 375.0,
-           "unreferenced_objects": 15.0, "objects_to_delete": 15.0}
+# change_log counts views, not objects: its rows come at the rate versions are written
+# (topics, leaders, memberships: each restart and each self-fencing adds some) and stay the
+# 300 s the lifecycle keeps them (CHANGE_LOG_KEPT's newest 100 aside), plus a pruning tick.
+COUNTED = {"store_objects": (75.0, "wal_objects_inserted"),
+           "batch_index": (75.0, "wal_objects_inserted"),
+           "wal_objects": (375.0, "wal_objects_inserted"),
+           "unreferenced_objects": (15.0, "wal_objects_inserted"),
+           "objects_to_delete": (15.0, "wal_objects_inserted"),
+           "change_log": (330.0, "change_log_inserted")}
 
 
-def object_rates(samples: list[dict], window_s: float) -> list[float | None]:
-    """Per sample: WAL objects committed a second over the trailing window_s (None before
-    a window's worth of samples, or when the run did not record them)."""
+def object_rates(samples: list[dict], window_s: float,
+                 inserted: str = "wal_objects_inserted") -> list[float | None]:
+    """Per sample: rows of `inserted` (by default WAL objects committed) a second over the
+    trailing window_s (None before a window's worth of samples, or when the run did not
+    record them)."""
     rates: list[float | None] = []
     j = 0
     for s in samples:
@@ -357,10 +384,9 @@ def object_rates(samples: list[dict], window_s: float) -> list[float | None]:
             j += 1
         rate = None
         older = samples[j - 1] if j > 0 else None
-        if (older is not None and s.get("wal_objects_inserted") is not None
-                and older.get("wal_objects_inserted") is not None):
-            rate = ((s["wal_objects_inserted"] - older["wal_objects_inserted"])
-                    / (s["t_s"] - older["t_s"]))
+        if (older is not None and s.get(inserted) is not None
+                and older.get(inserted) is not None):
+            rate = (s[inserted] - older[inserted]) / (s["t_s"] - older["t_s"])
         rates.append(rate)
     return rates
 
@@ -385,7 +411,8 @@ def verdict(samples: list[dict]) -> dict[str, Any]:
         judged = {"trend_half": round(start, 1), "trend_end": round(end, 1),
                   "min": min(values), "max": max(values), "growth": round(growth, 3),
                   "ok": growth <= MAX_GROWTH}
-        rates = object_rates(samples, COUNTED.get(name, 0.0))
+        window_s, inserted = COUNTED.get(name, (0.0, "wal_objects_inserted"))
+        rates = object_rates(samples, window_s, inserted)
         windows = [(s["t_s"], s[name] / r) for s, r in zip(samples, rates)
                    if name in COUNTED and s["t_s"] >= half_t and s.get(name) is not None
                    and r is not None and r > 0]
@@ -470,9 +497,9 @@ def report_lines(report: dict, stamp: str, out: Path) -> list[str]:
                   f"trend (Theil-Sen) over the second half (from {last['t_s'] / 120:.1f} "
                   f"min), extrapolated across it, at most {MAX_GROWTH:.0%}.", "",
                   "Series counted in objects or index rows may pass by their window instead"
-                  " (the series / WAL objects committed a second over the trailing time an "
-                  "object stays in it: "
-                  + ", ".join(f"{k} {v:.0f} s" for k, v in COUNTED.items())
+                  " (the series / WAL objects committed a second, change_log's / versions "
+                  "written a second, over the trailing time a row stays in it: "
+                  + ", ".join(f"{k} {v[0]:.0f} s" for k, v in COUNTED.items())
                   + "; the window is how long an object or a row stays).", "",
                   "| series | trend at half | trend at end | 2nd-half min | 2nd-half max "
                   "| growth | window at half, end (s) | window growth | ok |",

@@ -121,3 +121,34 @@ def test_a_leak_fails_by_its_count_and_its_window():
     result = counted(values, rates)
     assert not result["ok"], result
     assert result["window_growth"] > 0.10, result
+
+
+def change_log(values: list[float], rates: list[float]) -> dict:
+    """Samples of change_log with the rate versions are written given per interval."""
+    samples, written = [], 0.0
+    for i, (value, rate) in enumerate(zip(values, rates)):
+        written += rate * SAMPLE_S
+        samples.append({"t_s": (i + 1) * SAMPLE_S, "change_log": value,
+                        "change_log_inserted": round(written)})
+    return verdict(samples)["change_log"]
+
+
+def test_change_log_that_follows_more_versions_a_second_passes_by_its_window():
+    # self-fencings under load write more versions in the second half; each row stays its
+    # 330 s: the count rises with the version rate, its window does not
+    half = SAMPLES // 2
+    rates = [1.0 if i < half else 1.0 + 0.5 * (i - half) / (SAMPLES - half)
+             for i in range(SAMPLES)]
+    values = [sum(rates[max(0, i - 33):i + 1]) * SAMPLE_S for i in range(SAMPLES)]
+    result = change_log(values, rates)
+    assert result["growth"] > 0.10, result
+    assert result["ok"] and abs(result["window_growth"]) <= 0.10, result
+
+
+def test_change_log_rows_that_are_never_pruned_fail():
+    # a constant version rate and no pruning: the count and its window grow without bound
+    rates = [1.0] * SAMPLES
+    values = [10.0 * (i + 1) for i in range(SAMPLES)]
+    result = change_log(values, rates)
+    assert not result["ok"], result
+    assert result["window_growth"] > 0.10, result
