@@ -901,6 +901,14 @@ async def test_every_advertised_version_of_the_group_apis(raw):
         assert ErrorCode.unknown_member_id in [response.error_code, *member_errors], v
     for v in versions(ApiKey.OFFSET_FETCH):
         schema = load_request_schema(ApiKey.OFFSET_FETCH, v)
+        if v >= 8:  # several groups per request (KIP-709)
+            topic = nested(schema, "OffsetFetchRequestTopics")
+            group = nested(schema, "OffsetFetchRequestGroup")
+            response = await in_thread(lambda: a.call(
+                ApiKey.OFFSET_FETCH, v, require_stable=False, groups=(group(
+                    group_id="v0", topics=(topic(name="t", partition_indexes=(0,)),)),)))
+            assert response.groups[0].topics[0].partitions[0].committed_offset == -1, v
+            continue
         topic = nested(schema, "OffsetFetchRequestTopic")
         response = await in_thread(lambda: a.call(
             ApiKey.OFFSET_FETCH, v, group_id="v0", require_stable=False,

@@ -62,7 +62,8 @@ class ClusterView:
         return min(self.brokers, default=-1)
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
-        for topic in self.topics.values():
-            if topic.topic_id == topic_id:
-                return topic
-        return None
+        # Fetch v13+ names every topic by id: one dict per snapshot, not a scan per topic.
+        by_id = self.memo.get("topics_by_id")
+        if by_id is None:
+            by_id = self.memo["topics_by_id"] = {t.topic_id: t for t in self.topics.values()}
+        return by_id.get(topic_id)
