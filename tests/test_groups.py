@@ -325,7 +325,8 @@ async def test_members_split_partitions_and_consume_each_message_once(
         await wait_for(lambda: ownership.counts() == {"m0": 2, "m1": 2, "m2": 2},
                        what="2 + 2 + 2 owners")
         await in_thread(produce, address, topic, values("c", 0, 600), 6)
-        await wait_for(lambda: len(records) >= 1800, what="every message consumed")
+        # 1,800 synchronous commits, each a PostgreSQL write: about a minute on a loaded machine
+        await wait_for(lambda: len(records) >= 1800, timeout=120, what="every message consumed")
         await trio.sleep(0.5)  # anything re-delivered would show up now
     finally:
         for member in members:
@@ -373,7 +374,8 @@ async def test_member_killed_without_leaving_is_expelled_after_its_session_timeo
                               stdout=subprocess.PIPE, text=True)
     survivor = ConfluentMember("survivor", address, group, topic, ownership, records)
     try:
-        assert (await in_thread(victim.stdout.readline)).split() == ["ASSIGNED"]
+        # the victim polls once it knows the topic's partitions: alone, it may already own all
+        assert (await in_thread(victim.stdout.readline)).split()[:1] == ["ASSIGNED"]
         survivor.start()
         # range over two members: three partitions each
         await wait_for(lambda: ownership.counts() == {"survivor": 3}, what="the survivor's share")

@@ -56,10 +56,13 @@ class ClusterView:
 
     @property
     def controller_id(self) -> int:
-        # Admin clients send to the controller: never answer -1 while any node is live.
+        # Admin clients send to the controller: never answer -1 while any node is live, nor
+        # while every node's membership lapsed together (PostgreSQL unreachable, a starved
+        # machine): kafka-python's admin then raises instead of retrying. A listed broker
+        # answers or forwards the request, or gives a retriable error.
         if self.coordinator is not None and self.coordinator in self.brokers:
             return self.coordinator
-        return min(self.brokers, default=-1)
+        return min(self.brokers or self.listed_brokers, default=-1)
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         # Fetch v13+ names every topic by id: one dict per snapshot, not a scan per topic.
