@@ -430,8 +430,9 @@ async def test_describe_configs_protocol_details(node):
 
 async def test_describe_cluster(node):
     version, response = await in_thread(raw, node, ApiKey.DESCRIBE_CLUSTER, lambda schema: build(
-        schema, include_cluster_authorized_operations=False, endpoint_type=1))
-    assert version == 1
+        schema, include_cluster_authorized_operations=False, endpoint_type=1,
+        include_fenced_brokers=False))
+    assert version == 2
     host, port = node.split(":")
     assert response.error_code == ErrorCode.none
     assert [(b.broker_id, b.host, b.port) for b in response.brokers] == [(1, host, int(port))]
@@ -439,7 +440,8 @@ async def test_describe_cluster(node):
     assert response.endpoint_type == 1
     assert response.cluster_authorized_operations == -(2**31)
     _, response = await in_thread(raw, node, ApiKey.DESCRIBE_CLUSTER, lambda schema: build(
-        schema, include_cluster_authorized_operations=False, endpoint_type=2))
+        schema, include_cluster_authorized_operations=False, endpoint_type=2,
+        include_fenced_brokers=False))
     assert response.error_code == ErrorCode.mismatched_endpoint_type
 
 
@@ -468,7 +470,8 @@ async def test_every_advertised_version(node):
         assert {e.name: e.value for e in broker.configs}["broker.id"] == "1", v
     for v in versions(ApiKey.DESCRIBE_CLUSTER):
         _, response = await in_thread(raw, node, ApiKey.DESCRIBE_CLUSTER, lambda schema: build(
-            schema, include_cluster_authorized_operations=False, endpoint_type=1), v)
+            schema, include_cluster_authorized_operations=False, endpoint_type=1,
+            include_fenced_brokers=False), v)
         assert [b.broker_id for b in response.brokers] == [1], v
     counts = await in_thread(partition_counts, node)
     assert {n: c for n, c in counts.items() if n.startswith("v")} == {

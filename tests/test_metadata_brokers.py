@@ -61,3 +61,18 @@ async def test_a_lapsed_node_stays_listed_for_the_grace_but_never_leads(pg_url, 
     with trio.fail_after(30):
         while (await trio.to_thread.run_sync(metadata))[0] != {1}:
             await trio.sleep(0.2)
+
+
+def test_the_controller_is_a_listed_broker_while_no_membership_is_live():
+    # every node's membership lapsed together (PostgreSQL unreachable, a starved machine):
+    # kafka-python's admin raises on controller -1 ("Failed to find active controller id!")
+    from mink.broker.cluster.view import BrokerInfo, ClusterView
+
+    listed = {2: BrokerInfo(2, "127.0.0.1", 9093), 3: BrokerInfo(3, "127.0.0.1", 9094)}
+    lapsed = ClusterView(version=7, cluster_id="c", brokers={}, topics={}, coordinator=None,
+                         listed_brokers=listed)
+    assert lapsed.controller_id == 2
+    live = ClusterView(version=8, cluster_id="c", brokers={3: listed[3]}, topics={},
+                       coordinator=3, listed_brokers=listed)
+    assert live.controller_id == 3
+    assert ClusterView(version=1, cluster_id="c", brokers={}, topics={}).controller_id == -1

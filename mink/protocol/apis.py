@@ -35,11 +35,17 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    ALTER_REPLICA_LOG_DIRS = 34
+    DESCRIBE_LOG_DIRS = 35
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 # api key -> (min version, max version) advertised in ApiVersions.
@@ -48,10 +54,11 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     # them) enables compression only when v0 is inside the range. kio has no v0-2 schema,
     # so such a request closes the connection (clients never pick it when v3+ is offered).
     ApiKey.PRODUCE: (0, 11),
-    ApiKey.FETCH: (4, 12),
-    ApiKey.LIST_OFFSETS: (1, 7),
-    ApiKey.METADATA: (0, 12),
-    ApiKey.API_VERSIONS: (0, 3),
+    # Fetch v13+ names topics by id (KIP-516); v18's only addition is a follower's field.
+    ApiKey.FETCH: (4, 18),
+    ApiKey.LIST_OFFSETS: (1, 10),
+    ApiKey.METADATA: (0, 13),
+    ApiKey.API_VERSIONS: (0, 4),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4),
     ApiKey.INIT_PRODUCER_ID: (0, 4),
     ApiKey.CREATE_TOPICS: (2, 7),
@@ -61,16 +68,23 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.DELETE_RECORDS: (0, 2),
     ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
-    ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    # Replica management, mapped onto one replica per partition (its leader)
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 1),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.ELECT_LEADERS: (0, 2),
+    ApiKey.DESCRIBE_LOG_DIRS: (1, 4),
+    ApiKey.ALTER_REPLICA_LOG_DIRS: (1, 2),
     ApiKey.FIND_COORDINATOR: (0, 4),
     ApiKey.JOIN_GROUP: (0, 7),
     ApiKey.SYNC_GROUP: (0, 5),
     ApiKey.HEARTBEAT: (0, 4),
     ApiKey.LEAVE_GROUP: (0, 4),
-    ApiKey.OFFSET_COMMIT: (2, 8),
-    ApiKey.OFFSET_FETCH: (1, 7),
-    ApiKey.LIST_GROUPS: (0, 4),
-    ApiKey.DESCRIBE_GROUPS: (0, 5),
+    ApiKey.OFFSET_COMMIT: (2, 9),
+    ApiKey.OFFSET_FETCH: (1, 9),
+    ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 6),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
     # Transactions as transaction.version 1 (no KIP-890 part 2: EndTxn v5, Produce v12,
@@ -80,6 +94,18 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.END_TXN: (0, 4),
     ApiKey.TXN_OFFSET_COMMIT: (0, 3),
 }
+
+
+# Feature flags in ApiVersions v3+ (KIP-584): name -> (min, max) level this broker supports.
+# Only what is implemented: classic groups only (no KIP-848 consumer groups: group.version 0),
+# no KIP-890 part 2 transactions (transaction.version 0). Mink is not KRaft, so it has no
+# metadata.version or kraft.version.
+SUPPORTED_FEATURES: dict[str, tuple[int, int]] = {
+    "group.version": (0, 0),
+    "transaction.version": (0, 0),
+}
+# name -> finalized level: none is above 0, and Kafka lists no feature finalized at 0.
+FINALIZED_FEATURES: dict[str, int] = {}
 
 
 def advertised(api_key: int, api_version: int) -> bool:

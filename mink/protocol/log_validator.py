@@ -33,6 +33,9 @@ Kafka error code, KIP-467 record errors, a message). In Kafka's order:
 4. The max timestamp written back into the header, with the CRC recomputed
    (DefaultRecordBatch.setMaxTimestamp, Kafka's in-place path): the computed maximum on
    CreateTime topics, `now_ms` on LogAppendTime topics.
+5. The topic's compression.type: a batch in another codec is rebuilt in the topic's
+   (`recompression.recompress`, Kafka's non-in-place path), and checked against
+   max.message.bytes again; `producer` keeps the client's codec.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from mink.protocol.records import (
     set_max_timestamp,
 )
 from mink.protocol import record_walk as _pure_walk
+from mink.protocol.recompression import recompress
 
 try:
     from mink.protocol._record_walk import walk_records as _compiled_walk_records
@@ -104,6 +108,7 @@ class ValidationSettings(NamedTuple):
     compacted: bool = False  # cleanup.policy contains compact: every record needs a key
     validate_records: bool = True  # False: header checks only (benchmarks compare the cost)
     transactional_id: bool = False  # the Produce request names a transactional id
+    target_compression: int | None = None  # compression.type's codec; None: the producer's
 
 
 class ValidBatch(NamedTuple):
@@ -145,7 +150,8 @@ def validate_produce_records(records, api_version: int,
     log_append_time = settings.timestamp_type == LOG_APPEND_TIME
     if not settings.validate_records:
         max_timestamp = settings.now_ms if log_append_time else header.max_timestamp
-        return _patched(header, batch, max_timestamp, log_append_time, settings.now_ms)
+        return _patched(header, batch, max_timestamp, log_append_time, settings.now_ms,
+                        settings)
 
     if header.compression == codecs.NONE:
         section = batch[RECORD_BATCH_OVERHEAD:]
@@ -177,7 +183,8 @@ def validate_produce_records(records, api_version: int,
         return _refusal(found, low, high)
     if log_append_time:
         max_timestamp = settings.now_ms
-    return _patched(header, batch, max_timestamp, log_append_time, settings.now_ms)
+    return _patched(header, batch, max_timestamp, log_append_time, settings.now_ms, settings,
+                    section)
 
 
 def _every_record(found, count: int, kind: int, value: int) -> list[tuple[int, int, int]]:
@@ -187,8 +194,21 @@ def _every_record(found, count: int, kind: int, value: int) -> list[tuple[int, i
 
 
 def _patched(header: BatchHeader, batch, max_timestamp: int, log_append_time: bool,
-             now_ms: int) -> ValidBatch:
-    stored = bytearray(batch)
+             now_ms: int, settings: ValidationSettings, section=None) -> ValidBatch | Refusal:
+    target = settings.target_compression
+    if target is not None and target != header.compression:
+        # 5. the topic's compression.type (recompression.py), as Kafka's LogValidator
+        try:
+            stored = recompress(batch, header.compression, target, section,
+                                settings.max_decompressed_bytes)
+        except BatchError as exc:
+            return Refusal(exc.error_code, str(exc))
+        if len(stored) > settings.max_message_bytes:
+            return Refusal(MESSAGE_TOO_LARGE,
+                           f"batch of {len(stored)} bytes after recompression is over "
+                           "max.message.bytes")
+    else:
+        stored = bytearray(batch)
     set_max_timestamp(stored, 0, LOG_APPEND_TIME if log_append_time else CREATE_TIME,
                       max_timestamp)
     return ValidBatch(header, stored, max_timestamp, now_ms if log_append_time else None)

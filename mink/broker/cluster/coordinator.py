@@ -160,6 +160,12 @@ class ClusterCoordinator:
         if self._ticks % COLLECT_EVERY_TICKS == 1:
             await self.collect_garbage()
 
+    async def move_leaders(self, moves: list[Move], why: str) -> bool:
+        """Leadership moves asked for by an admin request (AlterPartitionReassignments,
+        ElectLeaders), applied as a rebalance applies its own: one fenced LeadBucket each,
+        all in one transaction, under the lease epoch. Whether they were applied."""
+        return await self._apply(moves, why)
+
     async def collect_garbage(self) -> int:
         """Delete WAL objects no index row uses any more (their topics were deleted) and the
         uploads that were never committed (queued when their writer learnt it). Returns how

@@ -56,13 +56,17 @@ class ClusterView:
 
     @property
     def controller_id(self) -> int:
-        # Admin clients send to the controller: never answer -1 while any node is live.
+        # Admin clients send to the controller: never answer -1 while any node is live, nor
+        # while every node's membership lapsed together (PostgreSQL unreachable, a starved
+        # machine): kafka-python's admin then raises instead of retrying. A listed broker
+        # answers or forwards the request, or gives a retriable error.
         if self.coordinator is not None and self.coordinator in self.brokers:
             return self.coordinator
-        return min(self.brokers, default=-1)
+        return min(self.brokers or self.listed_brokers, default=-1)
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
-        for topic in self.topics.values():
-            if topic.topic_id == topic_id:
-                return topic
-        return None
+        # Fetch v13+ names every topic by id: one dict per snapshot, not a scan per topic.
+        by_id = self.memo.get("topics_by_id")
+        if by_id is None:
+            by_id = self.memo["topics_by_id"] = {t.topic_id: t for t in self.topics.values()}
+        return by_id.get(topic_id)

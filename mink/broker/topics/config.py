@@ -61,6 +61,12 @@ TOPIC_SETTINGS: dict[str, Setting] = {
     "message.timestamp.type": Setting("CreateTime", _choice("CreateTime", "LogAppendTime"),
                                       "which timestamp batches carry", "STRING",
                                       "log.message.timestamp.type"),
+    # Kafka's LogValidator: a batch in another codec is rebuilt in the topic's;
+    # producer keeps the client's (mink/protocol/recompression.py)
+    "compression.type": Setting("producer", _choice("producer", "uncompressed", "gzip",
+                                                    "snappy", "lz4", "zstd"),
+                                "the codec batches are stored in; producer: as sent",
+                                "STRING", "compression.type"),
     "max.message.bytes": Setting("1048588", _long(0), "the largest record batch accepted",
                                  "INT", "message.max.bytes"),
     "message.timestamp.before.max.ms": Setting(
@@ -71,19 +77,41 @@ TOPIC_SETTINGS: dict[str, Setting] = {
         "LONG", "log.message.timestamp.after.max.ms"),
 }
 
-# Kafka topic settings that have no meaning for Mink (segments, replicas, local disks):
-# accepted and stored, so that Kafka Streams, Connect and tools that set them still create
-# their topics, but not acted on.
-ACCEPTED_KAFKA_SETTINGS = frozenset({
-    "compression.type", "delete.retention.ms", "file.delete.delay.ms", "flush.messages",
-    "flush.ms", "follower.replication.throttled.replicas", "index.interval.bytes",
-    "leader.replication.throttled.replicas", "local.retention.bytes", "local.retention.ms",
-    "max.compaction.lag.ms", "message.downconversion.enable", "message.format.version",
-    "message.timestamp.difference.max.ms", "min.cleanable.dirty.ratio",
-    "min.compaction.lag.ms", "min.insync.replicas", "preallocate", "remote.storage.enable",
-    "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
-    "unclean.leader.election.enable",
-})
+# Kafka topic settings Mink stores but does not act on: accepted, so that Kafka Streams,
+# Connect and tools that set them still create their topics, and described with the reason
+# in DescribeConfigs' documentation field (docs/topic-settings.md lists them).
+_SEGMENTS = "there are no log segments: data is in WAL and stream objects"
+_REPLICAS = "a partition has one replica, its leader; durability comes from the object store"
+_DISK = "nothing is written to a local disk"
+_COMPACTION = "compacted topics are not supported yet"
+IGNORED_KAFKA_SETTINGS: dict[str, str] = {
+    "compression.gzip.level": "batches are recompressed at the codec's default level",
+    "compression.lz4.level": "batches are recompressed at the codec's default level",
+    "compression.zstd.level": "batches are recompressed at the codec's default level",
+    "delete.retention.ms": _COMPACTION,
+    "file.delete.delay.ms": "the cluster's file_delete_delay_ms applies to every topic",
+    "flush.messages": _DISK, "flush.ms": _DISK,
+    "follower.replication.throttled.replicas": _REPLICAS,
+    "index.interval.bytes": _SEGMENTS,
+    "leader.replication.throttled.replicas": _REPLICAS,
+    "local.retention.bytes": "there is no local tier: everything is in the object store",
+    "local.retention.ms": "there is no local tier: everything is in the object store",
+    "max.compaction.lag.ms": _COMPACTION,
+    "message.downconversion.enable": "record batches v2 only; nothing is down-converted",
+    "message.format.version": "record batches v2 only",
+    "message.timestamp.difference.max.ms": "replaced by message.timestamp.before.max.ms "
+                                           "and message.timestamp.after.max.ms (KIP-937)",
+    "min.cleanable.dirty.ratio": _COMPACTION,
+    "min.compaction.lag.ms": _COMPACTION,
+    "min.insync.replicas": _REPLICAS,
+    "preallocate": _DISK,
+    "remote.storage.enable": "every partition is in the object store already",
+    "segment.bytes": _SEGMENTS, "segment.index.bytes": _SEGMENTS,
+    "segment.jitter.ms": _SEGMENTS, "segment.ms": _SEGMENTS,
+    "unclean.leader.election.enable": "the one replica is the leader; a new leader loses "
+                                      "nothing acknowledged",
+}
+ACCEPTED_KAFKA_SETTINGS = frozenset(IGNORED_KAFKA_SETTINGS)
 
 
 def validate_topic_config(configs: dict[str, str | None]) -> dict[str, str]:

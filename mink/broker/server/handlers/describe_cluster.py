@@ -6,7 +6,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.server.handlers.metadata import NO_AUTHORIZED_OPERATIONS
+from mink.broker.security.operations import OMITTED, cluster_operations
 from mink.protocol.messages import build, nested, response_schema
 
 BROKERS, CONTROLLERS = 1, 2  # Kafka's EndpointType
@@ -27,13 +27,16 @@ async def handle(node, ctx, request):
         return build(schema, throttle_time=NO_THROTTLE, error_code=error,
                      error_message=message, endpoint_type=BROKERS, cluster_id="",
                      controller_id=-1, brokers=(),
-                     cluster_authorized_operations=NO_AUTHORIZED_OPERATIONS)
+                     cluster_authorized_operations=OMITTED)
     view = node.view
     broker_schema = nested(schema, "DescribeClusterBroker")
     return build(
         schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, error_message=None,
         endpoint_type=BROKERS, cluster_id=view.cluster_id, controller_id=view.controller_id,
+        # v2 (KIP-1073) may ask for fenced brokers too: a Mink node is live or absent,
+        # so every broker listed is unfenced
         brokers=tuple(build(broker_schema, broker_id=b.node_id, host=b.host, port=b.port,
-                            rack=b.rack)
+                            rack=b.rack, is_fenced=False)
                       for b in sorted(view.brokers.values(), key=lambda b: b.node_id)),
-        cluster_authorized_operations=NO_AUTHORIZED_OPERATIONS)
+        cluster_authorized_operations=cluster_operations(
+            bool(request.include_cluster_authorized_operations)))

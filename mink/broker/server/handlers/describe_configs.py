@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.config import Config
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.topics.config import TOPIC_SETTINGS, broker_default
+from mink.broker.topics.config import IGNORED_KAFKA_SETTINGS, TOPIC_SETTINGS, broker_default
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import topic_name_error
 
@@ -64,8 +64,9 @@ def topic_config_entries(config: dict[str, str], broker_config: Config | None = 
     # the topic's own, so that what was set is what is described.
     for name in sorted(set(config) - set(TOPIC_SETTINGS)):
         value = str(config[name])
+        why = IGNORED_KAFKA_SETTINGS.get(name, "not a setting Mink knows")
         entries.append(ConfigEntry(name, value, DYNAMIC_TOPIC_CONFIG, False, "STRING",
-                                   "stored for Kafka tools; Mink does not act on it",
+                                   f"Stored for Kafka tools; Mink does not act on it: {why}.",
                                    ((name, value, DYNAMIC_TOPIC_CONFIG),)))
     return sorted(entries, key=lambda e: e.name)
 
@@ -126,7 +127,7 @@ def broker_config_entries(node) -> list[ConfigEntry]:
                     "how often expired committed offsets are removed"),
         fixed("delete.topic.enable", "true", "BOOLEAN", "topics can be deleted"),
         fixed("compression.type", "producer", "STRING",
-              "batches are stored compressed as the producer sent them"),
+              "default compression.type of topics: batches stored as the producer sent them"),
     ]
     for name in ("cleanup.policy", "message.timestamp.type"):
         setting = TOPIC_SETTINGS[name]

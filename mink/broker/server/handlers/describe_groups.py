@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+from kio.schema.errors import ErrorCode
+
+from mink.broker.groups.state import GroupState, GroupSummary
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.security.operations import OMITTED, group_operations
 from mink.protocol.messages import build, nested, response_schema
 
-NO_AUTHORIZED_OPERATIONS = -(2**31)
+DEAD = GroupState.DEAD.value
 
 
 async def handle(node, ctx, request):
     ctx.applied()
-    schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    version = ctx.header.api_version
+    schema = response_schema(ctx.header.api_key, version)
     group_schema = nested(schema, "DescribedGroup")
     member_schema = nested(schema, "DescribedGroupMember")
     described = []
+    operations = group_operations(bool(getattr(request, "include_authorized_operations",
+                                               False)))
     for group_id in request.groups:
         error, summary = node.groups.describe_group(group_id)
+        message, group_ops = None, operations
+        if version >= 6 and not error and summary.state == DEAD:
+            # v6 (KIP-1043): a group that does not exist is an error, not a Dead group,
+            # answered as Kafka's DescribeGroupsResponse.groupError
+            error, message = ErrorCode.group_id_not_found, f"Group {group_id} not found."
+            summary, group_ops = GroupSummary("", "", "", []), OMITTED
         described.append(build(
-            group_schema, error_code=error, group_id=group_id, group_state=summary.state,
+            group_schema, error_code=error, error_message=message, group_id=group_id, group_state=summary.state,
             protocol_type=summary.protocol_type, protocol_data=summary.protocol_data,
-            authorized_operations=NO_AUTHORIZED_OPERATIONS,
+            authorized_operations=group_ops,
             members=tuple(build(member_schema, member_id=m.member_id,
                                 group_instance_id=m.group_instance_id, client_id=m.client_id,
                                 client_host=m.client_host, member_metadata=m.metadata,

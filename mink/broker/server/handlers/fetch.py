@@ -11,17 +11,20 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.errors import error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.broker.server.handlers.partitions import Located, check_leader_epoch, locate
+from mink.broker.server.handlers.topic_ids import requested_topic
 from mink.broker.transactions import read_committed
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.log import LogError
 
 
 class _Read:
-    __slots__ = ("topic", "request", "located", "error", "records", "size", "aborted")
+    __slots__ = ("topic", "topic_id", "request", "located", "error", "records", "size",
+                 "aborted")
 
-    def __init__(self, topic: str, request, located):
+    def __init__(self, topic: str | None, topic_id, request, located):
         self.topic = topic
+        self.topic_id = topic_id
         self.request = request
         self.located = located
         self.error = located.error
@@ -35,9 +38,12 @@ async def handle(node, ctx, request):
     version = ctx.header.api_version
     reads = []
     for topic in request.topics:
+        # v13+ (KIP-516) names the topic by id only
+        name, topic_id, unknown = requested_topic(node.view, getattr(topic, "topic", None),
+                                                  getattr(topic, "topic_id", None))
         for p in topic.partitions:
-            located = locate(node, topic.topic, p.partition)
-            read = _Read(topic.topic, p, located)
+            located = Located(unknown) if unknown else locate(node, name, p.partition)
+            read = _Read(name, topic_id, p, located)
             if located.log is not None:
                 read.error = check_leader_epoch(p.current_leader_epoch, located.log)
             reads.append(read)
@@ -107,7 +113,8 @@ def _response(node, version: int, reads: list[_Read]):
     partition_schema = nested(schema, "PartitionData")
     aborted_schema = nested(schema, "AbortedTransaction")
     leader_schema = nested(schema, "LeaderIdAndEpoch") if version >= 12 else None
-    topics: dict[str, list] = {}
+    topics: dict[tuple, list] = {}
+    leaders: dict[int, object] = {}
     metrics = node.metrics
     for read in reads:
         partition_log = read.located.log
@@ -124,9 +131,10 @@ def _response(node, version: int, reads: list[_Read]):
             if p.leader is not None:
                 extra["current_leader"] = leader_schema(leader_id=p.leader,
                                                         leader_epoch=p.leader_epoch)
+                leaders[p.leader] = node.view.brokers.get(p.leader)
         high_watermark = partition_log.high_watermark if partition_log is not None else -1
         stable = partition_log.last_stable_offset if partition_log is not None else -1
-        topics.setdefault(read.topic, []).append(build(
+        topics.setdefault((read.topic, read.topic_id), []).append(build(
             partition_schema, partition_index=read.request.partition, error_code=read.error,
             high_watermark=high_watermark, last_stable_offset=stable,
             log_start_offset=partition_log.log_start_offset if partition_log else -1,
@@ -136,8 +144,17 @@ def _response(node, version: int, reads: list[_Read]):
             records=b"".join(read.records) if read.records else b"", **extra))
     topic_schema = nested(schema, "FetchableTopicResponse")
     return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
-                 responses=tuple(topic_schema(topic=name, partitions=tuple(parts))
-                                 for name, parts in topics.items()))
+                 responses=tuple(build(topic_schema, topic=name, topic_id=topic_id,
+                                       partitions=tuple(parts))
+                                 for (name, topic_id), parts in topics.items()),
+                 node_endpoints=_node_endpoints(schema, leaders) if version >= 16 else ())
+
+
+def _node_endpoints(schema, leaders: dict) -> tuple:
+    """v16+ (KIP-951): where the leaders named in `current_leader` listen."""
+    endpoint = nested(schema, "NodeEndpoint")
+    return tuple(endpoint(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+                 for _, b in sorted(leaders.items()) if b is not None)
 
 
 _BATCH_LENGTH = struct.Struct(">i")   # at byte 8 of a batch; the batch is 12 + length bytes

@@ -1,5 +1,10 @@
-"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3, v7+) or the first offset at
-or after a timestamp."""
+"""ListOffsets: earliest (-2), latest (-1), max timestamp (-3, v7+), earliest local (-4, v8+),
+latest tiered (-5, v9+) or the first offset at or after a timestamp.
+
+Mink has no local tier: every batch is in the object store from its acknowledgement on, so
+it answers the KIP-405 specs as a Kafka broker without remote storage does (UnifiedLog:
+earliest local = the log start, latest tiered = offset -1). v10's timeout (KIP-1075) bounds
+a wait on remote storage that Mink never does."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from mink.broker.server.handlers.partitions import check_leader_epoch, locate
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
 
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 
 
 async def handle(node, ctx, request):
@@ -43,7 +48,9 @@ async def _list_offset(node, name: str, p,
     if p.timestamp == LATEST:  # read_committed (isolation level 1): the last stable offset
         latest = log.last_stable_offset if isolation_level == 1 else log.high_watermark
         return ErrorCode.none, latest, -1, log.leader_epoch
-    if p.timestamp == EARLIEST:
+    if p.timestamp == LATEST_TIERED:
+        return ErrorCode.none, -1, -1, -1
+    if p.timestamp in (EARLIEST, EARLIEST_LOCAL):
         return ErrorCode.none, log.log_start_offset, -1, log.leader_epoch
     try:
         if p.timestamp == MAX_TIMESTAMP:

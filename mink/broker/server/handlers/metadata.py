@@ -12,10 +12,11 @@ from kio.schema.errors import ErrorCode
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.protocol.messages import build, encode_body, nested, response_schema
+from mink.broker.security.operations import OMITTED, cluster_operations, topic_operations
 from mink.protocol.topics import INTERNAL_TOPICS, topic_name_error
 
 ZERO_UUID = uuid.UUID(int=0)
-NO_AUTHORIZED_OPERATIONS = -(2**31)
+NO_AUTHORIZED_OPERATIONS = OMITTED
 
 
 async def handle(node, ctx, request):
@@ -28,22 +29,29 @@ async def handle(node, ctx, request):
     view: ClusterView = node.view
     # Encoding is the cost (about 100 ms for 10,000 partitions): one encoding per snapshot,
     # version and question.
-    key = ("metadata", version, None if every_topic else tuple(
+    # KIP-430: the operations are there only when asked for (v8+; the cluster's v8-10)
+    operations = (bool(getattr(request, "include_topic_authorized_operations", False)),
+                  bool(getattr(request, "include_cluster_authorized_operations", False)))
+    key = ("metadata", version, operations, None if every_topic else tuple(
         (t.name, getattr(t, "topic_id", None)) for t in requested))
     encoded = view.memo.get(key)
     if encoded is None:
         if len(view.memo) > 256:
             view.memo.clear()
-        encoded = view.memo[key] = encode_body(_response(view, version, requested, every_topic))
+        encoded = view.memo[key] = encode_body(
+            _response(view, version, requested, every_topic, operations))
     return encoded
 
 
-def _response(view: ClusterView, version: int, requested, every_topic: bool):
+def _response(view: ClusterView, version: int, requested, every_topic: bool,
+              operations: tuple[bool, bool] = (False, False)):
     schema = response_schema(3, version)
+    topic_ops = topic_operations(operations[0])
     if every_topic:
-        topics = [_topic(schema, view, topic) for topic in view.topics.values()]
+        topics = [_topic(schema, view, topic, topic_ops) for topic in view.topics.values()]
     else:
-        topics = [_requested_topic(schema, view, t.name, getattr(t, "topic_id", None))
+        topics = [_requested_topic(schema, view, t.name, getattr(t, "topic_id", None),
+                                   topic_ops)
                   for t in requested]
     broker_schema = nested(schema, "MetadataResponseBroker")
     return build(
@@ -59,7 +67,8 @@ def _response(view: ClusterView, version: int, requested, every_topic: bool):
         cluster_id=view.cluster_id,
         controller_id=view.controller_id,
         topics=tuple(topics),
-        cluster_authorized_operations=NO_AUTHORIZED_OPERATIONS,
+        cluster_authorized_operations=cluster_operations(operations[1]),
+        error_code=ErrorCode.none,  # v13 (KIP-1102): a top-level error, none here
     )
 
 
@@ -68,14 +77,15 @@ def request_allows_auto_create(request, version: int) -> bool:
     return getattr(request, "allow_auto_topic_creation", True) if version >= 4 else True
 
 
-def _requested_topic(schema, view: ClusterView, name: str | None, topic_id):
+def _requested_topic(schema, view: ClusterView, name: str | None, topic_id,
+                     topic_ops: int = OMITTED):
     topic = None
     if name is not None:
         topic = view.topics.get(name)
     elif topic_id is not None and topic_id != ZERO_UUID:
         topic = view.topic_by_id(topic_id)
     if topic is not None:
-        return _topic(schema, view, topic)
+        return _topic(schema, view, topic, topic_ops)
     error = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
     if name is not None and topic_name_error(name):
         error = ErrorCode.invalid_topic_exception
@@ -84,7 +94,7 @@ def _requested_topic(schema, view: ClusterView, name: str | None, topic_id):
                  topic_authorized_operations=NO_AUTHORIZED_OPERATIONS)
 
 
-def _topic(schema, view: ClusterView, topic: TopicInfo):
+def _topic(schema, view: ClusterView, topic: TopicInfo, topic_ops: int = OMITTED):
     partition_schema = nested(schema, "MetadataResponsePartition")
     partitions = []
     for p in topic.partitions:
@@ -99,4 +109,4 @@ def _topic(schema, view: ClusterView, topic: TopicInfo):
     return build(nested(schema, "MetadataResponseTopic"), error_code=ErrorCode.none,
                  name=topic.name, topic_id=topic.topic_id,
                  is_internal=topic.name in INTERNAL_TOPICS, partitions=tuple(partitions),
-                 topic_authorized_operations=NO_AUTHORIZED_OPERATIONS)
+                 topic_authorized_operations=topic_ops)

@@ -1,4 +1,9 @@
-"""OffsetFetch: a group's committed offsets (every committed one when topics is null)."""
+"""OffsetFetch: a group's committed offsets (every committed one when topics is null).
+
+v8+ (KIP-709) asks for several groups in one request, each answered with its own error.
+v9's member id and epoch (KIP-848) are checked only for consumer groups, which Mink does
+not have: a classic group ignores them, as Kafka's does. With `require_stable` (KIP-447)
+a partition whose offset a transaction has pending answers UNSTABLE_OFFSET_COMMIT."""
 
 from __future__ import annotations
 
@@ -10,29 +15,52 @@ from mink.broker.transactions.offsets import mark_unstable, unstable_partitions
 from mink.protocol.messages import build, nested, response_schema
 
 
+def _requested(topics) -> list[tuple[str, int]] | None:
+    return None if topics is None else [(t.name, i) for t in topics
+                                         for i in t.partition_indexes]
+
+
+async def _fetch(node, group_id: str, requested, stable: bool):
+    unstable = await unstable_partitions(node, group_id) if stable else set()
+    error, entries = node.groups.fetch_offsets(group_id, requested)
+    if stable and not error:
+        entries = mark_unstable(entries, unstable)
+    return error, entries
+
+
 async def handle(node, ctx, request):
     ctx.applied()
     version = ctx.header.api_version
-    requested = (None if request.topics is None else
-                 [(t.name, i) for t in request.topics for i in t.partition_indexes])
-    stable = getattr(request, "require_stable", False)  # KIP-447
-    unstable = await unstable_partitions(node, request.group_id) if stable else set()
-    error, entries = node.groups.fetch_offsets(request.group_id, requested)
-    if stable and not error:
-        entries = mark_unstable(entries, unstable)
+    schema = response_schema(ctx.header.api_key, version)
+    stable = getattr(request, "require_stable", False)
+    if version >= 8:
+        group_schema = nested(schema, "OffsetFetchResponseGroup")
+        groups = []
+        for group in request.groups:
+            error, entries = await _fetch(node, group.group_id, _requested(group.topics),
+                                          stable)
+            groups.append(build(group_schema, group_id=group.group_id, error_code=error,
+                                topics=_topics(schema, "OffsetFetchResponseTopics",
+                                               "OffsetFetchResponsePartitions", entries)))
+        return build(schema, throttle_time=NO_THROTTLE, groups=tuple(groups))
+    requested = _requested(request.topics)
+    error, entries = await _fetch(node, request.group_id, requested, stable)
     if error and version < 2:
         # no group-level error code before v2: every partition carries it
         entries = [OffsetEntry(topic, index, -1, -1, "", error)
                    for topic, index in requested or []]
         error = ErrorCode.none
-    schema = response_schema(ctx.header.api_key, version)
-    topic_schema = nested(schema, "OffsetFetchResponseTopic")
-    partition_schema = nested(schema, "OffsetFetchResponsePartition")
+    return build(schema, throttle_time=NO_THROTTLE, error_code=error, topics=_topics(
+        schema, "OffsetFetchResponseTopic", "OffsetFetchResponsePartition", entries))
+
+
+def _topics(schema, topic_name: str, partition_name: str, entries) -> tuple:
+    topic_schema = nested(schema, topic_name)
+    partition_schema = nested(schema, partition_name)
     by_topic: dict[str, list] = {}
     for e in entries:
         by_topic.setdefault(e.topic, []).append(build(
             partition_schema, partition_index=e.partition, committed_offset=e.offset,
             committed_leader_epoch=e.leader_epoch, metadata=e.metadata, error_code=e.error))
-    return build(schema, throttle_time=NO_THROTTLE, error_code=error, topics=tuple(
-        build(topic_schema, name=name, partitions=tuple(partitions))
-        for name, partitions in by_topic.items()))
+    return tuple(build(topic_schema, name=name, partitions=tuple(partitions))
+                 for name, partitions in by_topic.items())

@@ -21,6 +21,7 @@ from mink.protocol.log_validator import (
     decompressed_size_limit,
     validate_produce_records,
 )
+from mink.protocol.recompression import target_codec
 from mink.protocol.records import (
     CREATE_TIME,
     LOG_APPEND_TIME,
@@ -213,7 +214,8 @@ def _settings(node, config: dict, transactional: bool = False) -> ValidationSett
         max_decompressed_bytes=decompressed_size_limit(max_message_bytes),
         compacted=False,  # cleanup.policy=compact is refused when topics are made (topic_config)
         validate_records=node.config.produce_validate_records,
-        transactional_id=transactional)
+        transactional_id=transactional,
+        target_compression=target_codec(config.get("compression.type")))
 
 
 def _response(node, version: int, results: dict[str, list[_PartitionResult]]):

@@ -1,0 +1,56 @@
+"""ListPartitionReassignments: the leadership moves still in progress.
+
+A move (AlterPartitionReassignments, a rebalance, a failover) is in progress from the
+LeadBucket that names the new leader until that leader has opened the partition at the new
+leader epoch. It is read from PostgreSQL, not the node's view: openings write no change-log
+row. Shown as Kafka shows a reassignment: replicas = [new leader], adding = [new leader],
+removing = [the node that had it open], if any."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from mink.broker.cluster.sync import view_from_snapshot
+from mink.broker.cluster.view import ClusterView
+from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.protocol.messages import build, nested, response_schema
+from mink.storage.controlplane import MetadataUnavailable
+
+
+def in_progress(view: ClusterView, p) -> bool:
+    opened = p.stream_open and p.opened_by_node == p.leader and (
+        p.open_leader_epoch == p.leader_epoch)
+    return p.leader is not None and p.leader in view.brokers and not opened
+
+
+async def handle(node, ctx, request):
+    ctx.applied()
+    schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    try:
+        view = view_from_snapshot(await node.metadata.view())
+    except MetadataUnavailable as exc:
+        return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.request_timed_out,
+                     error_message=f"the metadata store did not answer, try again: {exc}",
+                     topics=())
+    if request.topics is None:
+        wanted = {(name, p.index) for name, t in view.topics.items() for p in t.partitions}
+    else:
+        wanted = {(t.name, i) for t in request.topics for i in t.partition_indexes}
+    partition_schema = nested(schema, "OngoingPartitionReassignment")
+    by_topic: dict[str, list] = {}
+    for name, index in sorted(wanted):
+        topic = view.topics.get(name)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            continue  # Kafka lists only partitions with a reassignment
+        p = topic.partitions[index]
+        if not in_progress(view, p):
+            continue
+        removing = (p.opened_by_node,) if p.opened_by_node not in (None, p.leader) else ()
+        by_topic.setdefault(name, []).append(build(
+            partition_schema, partition_index=index, replicas=(p.leader,),
+            adding_replicas=(p.leader,), removing_replicas=removing))
+    topic_schema = nested(schema, "OngoingTopicReassignment")
+    return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                 error_message=None, topics=tuple(
+                     build(topic_schema, name=name, partitions=tuple(parts))
+                     for name, parts in by_topic.items()))
