@@ -25,11 +25,13 @@ from chaos import nemesis
 from chaos.history import History
 from chaos.services import (FakeClock, Moto, Node, Postgres, S3FaultProxy, faketime_available,
                             mink_command)
-from chaos.workload import ConfluentProducer, GroupConsumer, KafkaPythonProducer, final_read
+from chaos.workload import (ConfluentProducer, GroupConsumer, KafkaPythonProducer,
+                            TransactionalProducer, final_read)
 
 log = logging.getLogger("chaos")
 
 TOPIC = "chaos"
+TXN_TOPIC = "chaos-txn"  # the transactional producer's own topic (read_committed)
 GROUP = "chaos-group"
 BUCKET = "chaos"
 
@@ -153,12 +155,13 @@ class Campaign:
             node.start()
         self._wait(lambda: self.query("SELECT count(*) FROM nodes WHERE expires_at > now()")[0][0] == 3,
                    60, "three live nodes")
-        created = subprocess.run(mink_command() + ["topics", "create", TOPIC, "--partitions",
-                                                   str(self.partitions), "--bootstrap-server",
-                                                   self.nodes[1].address, "--if-not-exists"],
-                                 capture_output=True, text=True, timeout=60)
-        if created.returncode != 0:
-            raise RuntimeError(f"mink topics create failed: {created.stderr or created.stdout}")
+        for topic in (TOPIC, TXN_TOPIC):
+            created = subprocess.run(mink_command() + ["topics", "create", topic, "--partitions",
+                                                       str(self.partitions), "--bootstrap-server",
+                                                       self.nodes[1].address, "--if-not-exists"],
+                                     capture_output=True, text=True, timeout=60)
+            if created.returncode != 0:
+                raise RuntimeError(f"mink topics create failed: {created.stderr or created.stdout}")
 
     def _psql(self, sql: str) -> None:
         import psycopg
@@ -203,6 +206,8 @@ class Campaign:
             KafkaPythonProducer("kpy", self.history, bootstrap, TOPIC, self.rate),
             ConfluentProducer("plain", self.history, bootstrap, TOPIC, self.rate,
                               idempotent=False),
+            TransactionalProducer("txn", self.history, bootstrap, TXN_TOPIC, self.rate,
+                                  seed=self.seed),
         ]
         self.consumers = [GroupConsumer(f"consumer-{i}", self.history, bootstrap, TOPIC, GROUP)
                           for i in range(2)]
@@ -227,6 +232,7 @@ class Campaign:
             consumer.join(30)
         self._dump_stuck_threads()
         final_read(self.history, bootstrap, TOPIC, self.partitions)
+        final_read(self.history, bootstrap, TXN_TOPIC, self.partitions, label="txn_")
         self.snapshot_postgres()
         self.history.record("end", s3_proxy=self.s3_proxy.counts,
                             node_starts={n.node_id: n.starts for n in self.nodes.values()})

@@ -30,7 +30,12 @@ Safety
 - commit_backwards: a committed group offset lower than one whose commit had completed before
   this commit was sent.
 - final_read_incomplete: the final read did not reach every high watermark (the other checks
-  cannot be trusted then).
+  cannot be trusted then); the transactional topic's final read too.
+- txn_partial: a transaction seen in part by the read_committed final read of the
+  transactional topic: a committed one with any message missing, or one whose outcome the
+  client could not know (`unknown`, or never ended) with some messages but not all.
+- txn_aborted_visible: a message of an aborted transaction in the read_committed final read.
+- txn_duplicate: a transactional message stored at more than one offset.
 
 Reported, not failing
 - duplicate_non_idempotent, reorder_non_idempotent: allowed by Kafka for producers without
@@ -50,7 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SAFETY = ("lost", "wrong_offset", "duplicate", "reorder", "offset_conflict", "hole",
-          "fenced_ack", "commit_backwards", "final_read_incomplete")
+          "fenced_ack", "commit_backwards", "final_read_incomplete", "txn_partial",
+          "txn_aborted_visible", "txn_duplicate")
 REPORTED = ("duplicate_non_idempotent", "reorder_non_idempotent", "stalled_partition",
             "stalled_producer")
 
@@ -73,6 +79,11 @@ class Facts:
     pg_epochs: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     pg_ranges: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     end_t: float = 0.0
+    # the transactional topic: txn -> its message ids, txn -> outcome; its final read
+    txn_sends: dict[str, list[str]] = field(default_factory=dict)
+    txn_outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    txn_final: list[dict[str, Any]] = field(default_factory=list)
+    txn_final_done: dict[str, Any] | None = None
     # found while indexing: a second value at one final offset
     final_conflicts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -109,6 +120,14 @@ class Facts:
                 facts.final.setdefault(key, e)
             elif kind == "final_done":
                 facts.final_done = e
+            elif kind == "txn_send":
+                facts.txn_sends.setdefault(e["txn"], []).append(e["id"])
+            elif kind == "txn_end":
+                facts.txn_outcomes[e["txn"]] = e
+            elif kind == "txn_final":
+                facts.txn_final.append(e)
+            elif kind == "txn_final_done":
+                facts.txn_final_done = e
             elif kind == "consumers_stopped":
                 facts.run["consume_until"] = e["t"]
             elif kind == "pg_epochs":
@@ -400,6 +419,34 @@ def check_producer_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
                                                  "faults_during": len(faults_in(facts, t0 + 1.0, t1))})
 
 
+def check_transactions(facts: Facts, out: Anomalies) -> None:
+    """The transactional topic, read read_committed: each transaction whole or not at all,
+    committed ones whole, aborted ones never, nothing twice."""
+    if facts.txn_final_done is None:
+        return  # a history from before the transactional producer
+    if not facts.txn_final_done.get("complete"):
+        out["final_read_incomplete"].append({"topic": "txn",
+                                             "missing": facts.txn_final_done.get("missing"),
+                                             "reached": facts.txn_final_done.get("reached")})
+    where: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for e in facts.txn_final:
+        where[e["id"]].append((e["partition"], e["offset"]))
+    for message_id, places in where.items():
+        if len(set(places)) > 1:
+            out["txn_duplicate"].append({"id": message_id, "at": sorted(set(places))})
+    for txn, ids in facts.txn_sends.items():
+        outcome = facts.txn_outcomes.get(txn, {}).get("outcome", "unknown")
+        seen = [i for i in ids if i in where]
+        if outcome == "abort" and seen:
+            out["txn_aborted_visible"].append({"txn": txn, "seen": seen})
+        elif outcome == "commit" and len(seen) < len(ids):
+            out["txn_partial"].append({"txn": txn, "outcome": outcome,
+                                       "missing": [i for i in ids if i not in where]})
+        elif outcome == "unknown" and 0 < len(seen) < len(ids):
+            out["txn_partial"].append({"txn": txn, "outcome": outcome,
+                                       "missing": [i for i in ids if i not in where]})
+
+
 def check(events: Iterable[dict[str, Any]], stall_bound: float | None = None) -> Anomalies:
     facts = Facts.from_events(events)
     if stall_bound is None:
@@ -413,6 +460,7 @@ def check(events: Iterable[dict[str, Any]], stall_bound: float | None = None) ->
     check_holes(facts, out)
     check_fenced_acks(facts, out)
     check_commits(facts, out)
+    check_transactions(facts, out)
     check_stalls(facts, out, stall_bound)
     check_producer_stalls(facts, out, stall_bound)
     return out
@@ -444,5 +492,9 @@ def summary(facts: Facts) -> dict[str, Any]:
         "offset_commits": len(facts.commits),
         "final_records": len(facts.final),
         "per_producer": per_producer,
+        "transactions": {outcome: sum(1 for e in facts.txn_outcomes.values()
+                                      if e.get("outcome") == outcome)
+                         for outcome in ("commit", "abort", "unknown")},
+        "txn_final_records": len(facts.txn_final),
         "faults": sum(1 for f in facts.faults if f["phase"] == "start"),
     }

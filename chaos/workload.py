@@ -8,12 +8,18 @@ Producers (each message has a unique id `<producer>.<session>-<seq>`, used as ke
 - `plain`: confluent-kafka, enable.idempotence=false, acks=all, retries on (may duplicate and
   reorder on retries, as in Kafka)
 A producer that hits a fatal error starts a new session (a new producer id), recorded as such.
+
+And on a topic of its own, `txn`: confluent-kafka with a transactional.id, transactions of a
+few messages each, committed or (one in five, from the run's seed) aborted; each message's id
+and each transaction's outcome recorded (`txn_send`, `txn_end`). The final read of that topic
+is read_committed (librdkafka's default).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from typing import Any
@@ -186,6 +192,119 @@ class KafkaPythonProducer(Worker):
         return None
 
 
+class TransactionalProducer(Worker):
+    """Transactions of `size` messages; outcome per transaction: commit, abort, or unknown
+    (the commit call failed in a way that leaves it undecided to the client)."""
+
+    def __init__(self, name: str, history: History, bootstrap: str, topic: str, rate: float,
+                 seed: int, size: int = 5) -> None:
+        super().__init__(name, history)
+        self.bootstrap, self.topic, self.rate, self.size = bootstrap, topic, rate, size
+        self.rng = random.Random(seed)
+
+    def work(self) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        session = 0
+        while not self.stopping.is_set():
+            producer_name = f"{self.name}.{session}"
+            config = {"bootstrap.servers": self.bootstrap, "transactional.id": f"chaos-{self.name}",
+                      "client.id": producer_name, "linger.ms": 5,
+                      "transaction.timeout.ms": 60000, "message.timeout.ms": 30000,
+                      "logger": CLIENT_LOG}
+            producer = Producer(config)
+            self.history.record("producer", producer=producer_name, client="confluent-kafka",
+                                idempotent=True, acks="all", transactional=True)
+            try:
+                self._init(producer)
+                self._transactions(producer, producer_name)
+            except KafkaException as exc:  # fatal (fenced, or a state the client gives up on)
+                self.history.record("producer_closed", producer=producer_name,
+                                    fatal=str(exc.args[0]))
+            producer.flush(5)
+            session += 1
+
+    def _init(self, producer: Any) -> None:
+        from confluent_kafka import KafkaException
+
+        while not self.stopping.is_set():
+            try:
+                producer.init_transactions(30)
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+                time.sleep(0.5)
+
+    def _transactions(self, producer: Any, producer_name: str) -> None:
+        from confluent_kafka import KafkaException
+
+        pacer = Pacer(self.rate / self.size)
+        seq = 0
+        while not self.stopping.is_set():
+            txn = f"{producer_name}-t{seq}"
+            producer.begin_transaction()
+            self.history.record("txn_begin", producer=producer_name, txn=txn)
+            outcome, error = "commit", None
+            try:
+                for i in range(self.size):
+                    message_id = f"{txn}-{i}"
+                    self.history.record("txn_send", producer=producer_name, txn=txn,
+                                        id=message_id)
+                    while True:
+                        try:
+                            producer.produce(self.topic, key=message_id.encode(),
+                                             value=message_id.encode())
+                            break
+                        except BufferError:
+                            producer.poll(0.1)
+                    producer.poll(0)
+                if self.rng.random() < 0.2:
+                    outcome = "abort"
+                    producer.abort_transaction(30)
+                else:
+                    outcome = self._commit(producer)
+            except KafkaException as exc:
+                err = exc.args[0]
+                error = str(err)
+                if err.txn_requires_abort():
+                    outcome = self._abort(producer)
+                else:
+                    self.history.record("txn_end", producer=producer_name, txn=txn,
+                                        outcome="unknown", error=error)
+                    raise
+            self.history.record("txn_end", producer=producer_name, txn=txn, outcome=outcome,
+                                error=error)
+            seq += 1
+            pacer.wait()
+
+    def _commit(self, producer: Any) -> str:
+        """commit_transaction, retried while librdkafka says it may be (its documented
+        contract: a retriable error leaves the commit to be retried)."""
+        from confluent_kafka import KafkaException
+
+        while True:
+            try:
+                producer.commit_transaction(30)
+                return "commit"
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or self.stopping.is_set():
+                    raise
+                time.sleep(0.2)
+
+    def _abort(self, producer: Any) -> str:
+        from confluent_kafka import KafkaException
+
+        while True:
+            try:
+                producer.abort_transaction(30)
+                return "abort"
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+                time.sleep(0.2)
+
+
 class GroupConsumer(Worker):
     """A confluent-kafka group member: reads, and commits its position every second
     (synchronously, so that each commit's outcome is known)."""
@@ -270,11 +389,13 @@ class GroupConsumer(Worker):
 
 def final_read(history: History, bootstrap: str, topic: str, partitions: int,
                timeout: float = 300.0, stall_timeout: float = 120.0,
-               hard_limit: float = 1800.0) -> bool:
+               hard_limit: float = 1800.0, label: str = "") -> bool:
     """Read every partition from offset 0 up to its high watermark; True if complete.
 
     One consumer per partition, in parallel: reading old data costs the leaders one ranged
     GET per committed range, so the partitions' leaders are kept busy side by side.
+    Its events are `final`, `watermark` and `final_done`, prefixed with `label` (`txn_` for
+    the transactional topic).
     It gives up when no partition has moved for `stall_timeout` seconds after `timeout`
     (a slow read on a loaded machine is not a failure; a stuck one is), or at `hard_limit`."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -304,7 +425,7 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
                         raise
                     time.sleep(1)
             high[p] = hi
-            history.record("watermark", partition=p, low=low, high=hi)
+            history.record(f"{label}watermark", partition=p, low=low, high=hi)
     finally:
         probe.close()
     position = {p: 0 for p in range(partitions)}
@@ -325,9 +446,15 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
                         history.record("consumer_error", consumer=f"final-{p}",
                                        error=str(msg.error()))
                         continue
-                    history.record("final", partition=msg.partition(), offset=msg.offset(),
+                    history.record(f"{label}final", partition=msg.partition(), offset=msg.offset(),
                                    id=msg.value().decode(), leader_epoch=msg.leader_epoch())
                     position[p] = max(position[p], msg.offset() + 1)
+                    last_progress[0] = time.monotonic()
+                # read_committed: the consumer's position moves past control batches and
+                # aborted records, which are never delivered (a log often ends in a marker)
+                at = consumer.position([TopicPartition(topic, p)])[0].offset
+                if at > position[p]:
+                    position[p] = at
                     last_progress[0] = time.monotonic()
         finally:
             consumer.close()
@@ -339,7 +466,7 @@ def final_read(history: History, bootstrap: str, topic: str, partitions: int,
     for reader in readers:
         reader.join(max(1.0, started + hard_limit - time.monotonic() + 30))
     missing = [p for p in position if position[p] < high[p]]
-    history.record("final_done", complete=not missing, missing=missing,
+    history.record(f"{label}final_done", complete=not missing, missing=missing,
                    high={str(p): h for p, h in high.items()},
                    reached={str(p): position[p] for p in position})
     return not missing

@@ -277,3 +277,66 @@ def test_an_acknowledgement_without_an_offset_is_checked_for_loss_only():
     final(events, 0, 3)["id"] = "plain-0-9"  # idem-0-2, acknowledged without offset, is gone
     lost = check(events)["lost"]
     assert [(a["id"], a["partition"], a["offset"]) for a in lost] == [("idem-0-2", 0, None)]
+
+
+def with_transactions(outcomes: dict[str, str], stored: dict[str, list[int]]) -> Events:
+    """clean_history plus the transactional topic: transactions of three messages with the
+    given outcomes; `stored` says which of each transaction's messages the read_committed
+    final read holds (by index), each at its own offset of partition 0."""
+    events = [e for e in clean_history() if e["type"] != "end"]
+    offset = 0
+    for txn, outcome in outcomes.items():
+        ids = [f"{txn}-{i}" for i in range(3)]
+        events.append({"t": 11.0, "type": "txn_begin", "producer": "txn.0", "txn": txn})
+        events += [{"t": 11.0, "type": "txn_send", "producer": "txn.0", "txn": txn, "id": i}
+                   for i in ids]
+        if outcome != "never-ended":
+            events.append({"t": 11.1, "type": "txn_end", "producer": "txn.0", "txn": txn,
+                           "outcome": outcome, "error": None})
+        for i in stored.get(txn, []):
+            events.append({"t": 12.0, "type": "txn_final", "partition": 0, "offset": offset,
+                           "id": ids[i], "leader_epoch": 0})
+            offset += 2  # a marker after each
+    events += [{"t": 12.5, "type": "txn_final_done", "complete": True, "missing": []},
+               {"t": 13.0, "type": "end"}]
+    return events
+
+
+def test_transactions_whole_or_not_at_all_report_nothing():
+    events = with_transactions({"t0": "commit", "t1": "abort", "t2": "unknown",
+                                "t3": "unknown", "t4": "never-ended"},
+                               {"t0": [0, 1, 2], "t2": [0, 1, 2]})
+    assert only(check(events)) == {}
+
+
+def test_a_committed_transaction_seen_in_part_fails():
+    events = with_transactions({"t0": "commit", "t1": "commit"}, {"t0": [0, 1, 2], "t1": [0, 2]})
+    anomalies = check(events)
+    assert only(anomalies) == {"txn_partial": 1}
+    assert anomalies["txn_partial"][0]["missing"] == ["t1-1"]
+
+
+def test_an_undecided_transaction_seen_in_part_fails():
+    events = with_transactions({"t0": "unknown", "t1": "never-ended"}, {"t0": [1], "t1": [0, 1]})
+    assert only(check(events)) == {"txn_partial": 2}
+
+
+def test_aborted_data_seen_by_read_committed_fails():
+    events = with_transactions({"t0": "abort"}, {"t0": [2]})
+    anomalies = check(events)
+    assert only(anomalies) == {"txn_aborted_visible": 1}
+    assert anomalies["txn_aborted_visible"][0]["seen"] == ["t0-2"]
+
+
+def test_a_transactional_message_stored_twice_fails():
+    events = with_transactions({"t0": "commit"}, {"t0": [0, 1, 2]})
+    again = next(e for e in events if e["type"] == "txn_final" and e["id"] == "t0-1")
+    events.insert(events.index(again) + 1, {**again, "offset": 99})
+    assert only(check(events)) == {"txn_duplicate": 1}
+
+
+def test_an_incomplete_read_of_the_transactional_topic_fails():
+    events = with_transactions({"t0": "commit"}, {"t0": [0, 1, 2]})
+    done = next(e for e in events if e["type"] == "txn_final_done")
+    done.update(complete=False, missing=[1])
+    assert only(check(events)) == {"final_read_incomplete": 1}
