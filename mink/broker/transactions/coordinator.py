@@ -59,6 +59,7 @@ class TransactionCoordinator:
         self.store = TransactionStore(node.metadata)
         self._locks: dict[str, trio.Lock] = {}
         self._topic_wanted = False
+        self.unverified_batches = 0  # refused because PostgreSQL could not verify (tests)
 
     # -- life cycle ----------------------------------------------------------------------------
 
