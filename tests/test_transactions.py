@@ -453,3 +453,104 @@ async def test_aborted_transactions_stay_hidden_after_a_restart(mink_postgres, s
     assert values(first) == kept
     assert values(after) == kept, "no aborted record, nothing past the open transaction"
     assert len(everything) == 16
+
+
+# -- admin: DescribeTransactions, ListTransactions, DescribeProducers (KIP-664) --------------
+
+
+async def test_admin_clients_describe_and_list_transactions_and_producers(node):
+    import kafka.errors
+    from kafka import KafkaAdminClient, TopicPartition
+
+    def run():
+        open_one = txn_producer(node, "txn-admin-open")
+        open_one.begin_transaction()
+        open_one.produce("adm", value=b"open", partition=1)
+        open_one.flush(TIMEOUT)  # written, the transaction stays open
+        done = txn_producer(node, "txn-admin-done")
+        done.begin_transaction()
+        done.produce("adm", value=b"done", partition=0)
+        done.commit_transaction(TIMEOUT)
+        admin = KafkaAdminClient(bootstrap_servers=node)
+        try:
+            described = admin.describe_transactions(["txn-admin-open", "txn-admin-done"])
+            listed = _flat(admin.list_transactions())
+            ongoing = _flat(admin.list_transactions(state_filters=["Ongoing"]))
+            long_running = _flat(admin.list_transactions(duration_filter_ms=3_600_000))
+            open_pid = described["txn-admin-open"].producer_id
+            by_pid = _flat(admin.list_transactions(producer_id_filters=[open_pid]))
+            producers = admin.describe_producers([TopicPartition("adm", 1),
+                                                  TopicPartition("adm", 0)])
+            with pytest.raises(kafka.errors.TransactionalIdNotFoundError):
+                admin.describe_transactions(["txn-admin-never"])
+        finally:
+            admin.close()
+        open_one.abort_transaction(TIMEOUT)
+        return described, listed, ongoing, long_running, by_pid, producers
+
+    described, listed, ongoing, long_running, by_pid, producers = (
+        await trio.to_thread.run_sync(run))
+    opened, done = described["txn-admin-open"], described["txn-admin-done"]
+    assert _field(opened, "state") == "Ongoing", opened
+    assert {(t, tuple(p)) for t, p in _topics_of(opened)} == {("adm", (1,))}, opened
+    assert opened.transaction_start_time_ms > 0 and opened.transaction_timeout_ms == 60_000
+    assert _field(done, "state") == "CompleteCommit" and not _topics_of(done), done
+    states = {_field(t, "transactional_id"): _field(t, "state") for t in listed}
+    assert states["txn-admin-open"] == "Ongoing"
+    assert states["txn-admin-done"] == "CompleteCommit"
+    assert [_field(t, "transactional_id") for t in ongoing] == ["txn-admin-open"]
+    assert not [t for t in long_running if _field(t, "transactional_id") == "txn-admin-open"]
+    assert [_field(t, "transactional_id") for t in by_pid] == ["txn-admin-open"]
+    active = {tp.partition: state for tp, state in producers.items()}
+    open_state = [p for p in _producers_of(active[1]) if _field(p, "producer_id") == (
+        opened.producer_id)]
+    assert open_state and _field(open_state[0], "current_transaction_start_offset") >= 0, active[1]
+    done_state = [p for p in _producers_of(active[0]) if _field(p, "producer_id") == (
+        done.producer_id)]
+    assert done_state and _field(done_state[0], "current_transaction_start_offset") == -1, active[0]
+
+
+def _field(item, name: str):
+    value = item[name] if isinstance(item, dict) else getattr(item, name)
+    return getattr(value, "value", value)  # kafka-python's TransactionState enum
+
+
+def _flat(by_broker: dict) -> list:
+    return [listing for listings in by_broker.values() for listing in listings]
+
+
+def _topics_of(description) -> list:
+    topics = description.topic_partitions
+    out: dict[str, list[int]] = {}
+    for tp in topics:
+        out.setdefault(tp.topic, []).append(tp.partition)
+    return [(t, sorted(p)) for t, p in out.items()]
+
+
+def _producers_of(state) -> list:
+    return list(_field(state, "active_producers"))
+
+
+async def test_list_transactions_reports_unknown_state_filters_and_unknown_partitions(node):
+    from kio.index import load_request_schema
+
+    from mink.client import KafkaClient
+    from mink.protocol.messages import build, nested
+
+    client = await KafkaClient.connect(node)
+    try:
+        listed = await client.call(66, 1, build(load_request_schema(66, 1),
+                                                state_filters=("Bogus",),
+                                                producer_id_filters=(), duration_filter=-1))
+        assert listed.error_code == ErrorCode.none
+        assert listed.unknown_state_filters == ("Bogus",)
+        schema = load_request_schema(61, 0)
+        producers = await client.call(61, 0, build(schema, topics=(build(
+            nested(schema, "TopicRequest"), name="no-such-topic", partition_indexes=(0,)),)))
+        assert producers.topics[0].partitions[0].error_code == (
+            ErrorCode.unknown_topic_or_partition)
+        described = await client.call(65, 0, build(load_request_schema(65, 0),
+                                                   transactional_ids=("",)))
+        assert described.transaction_states[0].error_code != ErrorCode.none
+    finally:
+        await client.aclose()

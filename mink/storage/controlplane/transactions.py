@@ -18,7 +18,7 @@ from mink.storage.controlplane.groups import Fence
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ, MetadataStore
 from mink.storage.pgtext import from_pg, to_pg
 
-__all__ = ["TxnRecord", "PendingMarker", "TransactionStore", "NotTransactionCoordinator",
+__all__ = ["TxnRecord", "TxnDescription", "PendingMarker", "TransactionStore", "NotTransactionCoordinator",
            "WriteConflict"]
 
 
@@ -39,6 +39,18 @@ class TxnRecord(msgspec.Struct):
     version: int
     partitions: list[tuple[uuid.UUID, int]] = []
     pending_markers: int = 0
+
+
+class TxnDescription(msgspec.Struct):
+    """What DescribeTransactions answers of one transactional id."""
+    transactional_id: str
+    coordinator_partition: int
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str
+    start_ms: int  # when its transaction started (ms since the epoch), -1 when none
+    partitions: list[tuple[str, int]] = []  # (topic, partition) in or completing it
 
 
 class PendingMarker(msgspec.Struct, frozen=True):
@@ -94,6 +106,35 @@ SQL_PENDING_OFFSETS = """
 SELECT group_id, topic, partition FROM txn_offsets
  WHERE coordinator_partition = %s"""
 
+SQL_DESCRIBE = """
+SELECT t.transactional_id, t.coordinator_partition, t.producer_id, t.producer_epoch,
+       t.timeout_ms, t.state,
+       CASE WHEN t.state = 'Empty' OR t.started_at IS NULL THEN -1
+            ELSE (extract(epoch FROM t.started_at) * 1000)::bigint END,
+       coalesce((SELECT array_agg(x.name ORDER BY x.name, x.partition) FROM (
+           SELECT tp.name, p.partition FROM transaction_partitions AS p
+             JOIN topics AS tp USING (topic_id) WHERE p.transactional_id = t.transactional_id
+           UNION
+           SELECT tp.name, m.partition FROM txn_markers AS m
+             JOIN topics AS tp USING (topic_id) WHERE m.transactional_id = t.transactional_id
+       ) AS x), '{}'),
+       coalesce((SELECT array_agg(x.partition ORDER BY x.name, x.partition) FROM (
+           SELECT tp.name, p.partition FROM transaction_partitions AS p
+             JOIN topics AS tp USING (topic_id) WHERE p.transactional_id = t.transactional_id
+           UNION
+           SELECT tp.name, m.partition FROM txn_markers AS m
+             JOIN topics AS tp USING (topic_id) WHERE m.transactional_id = t.transactional_id
+       ) AS x), '{}')
+  FROM transactions AS t WHERE t.transactional_id = ANY (%s::text[])"""
+SQL_LIST = """
+SELECT transactional_id, producer_id, state FROM transactions
+ WHERE coordinator_partition = ANY (%s::int[])
+   AND (cardinality(%s::text[]) = 0 OR state = ANY (%s::text[]))
+   AND (cardinality(%s::bigint[]) = 0 OR producer_id = ANY (%s::bigint[]))
+   AND (%s::bigint < 0 OR started_at IS NULL
+        OR started_at < now() - %s::bigint * interval '1 millisecond')
+ ORDER BY transactional_id"""
+
 _done_decoder = msgspec.json.Decoder(list[tuple[str, str, int, int, int, str | None, bool]])
 
 
@@ -133,6 +174,28 @@ class TransactionStore:
         rows = await self.metadata.fetch_all(READ, SQL_VERIFY, (
             producer_id, producer_epoch, [t for t, _ in partitions], [p for _, p in partitions]))
         return {(t, p) for t, p in rows}
+
+    async def describe(self, transactional_ids: list[str]) -> dict[str, TxnDescription]:
+        """DescribeTransactions: the stored state of each id that has one."""
+        rows = await self.metadata.fetch_all(READ, SQL_DESCRIBE, (
+            [to_pg(t) for t in transactional_ids],))
+        out = {}
+        for txn_id, partition, pid, epoch, timeout_ms, state, start_ms, topics, parts in rows:
+            out[from_pg(txn_id)] = TxnDescription(
+                from_pg(txn_id), partition, pid, epoch, timeout_ms, state, start_ms,
+                [(from_pg(t), p) for t, p in zip(topics, parts, strict=True)])
+        return out
+
+    async def list(self, coordinator_partitions: list[int], states: list[str],
+                   producer_ids: list[int], min_duration_ms: int = -1
+                   ) -> list[tuple[str, int, str]]:
+        """ListTransactions: (transactional id, producer id, state) of the ids coordinated
+        by these partitions, filtered as Kafka filters (empty filter: all; a duration
+        >= 0: only those whose transaction started longer ago than that)."""
+        rows = await self.metadata.fetch_all(READ, SQL_LIST, (
+            coordinator_partitions, states, states, producer_ids, producer_ids,
+            min_duration_ms, min_duration_ms))
+        return [(from_pg(t), pid, state) for t, pid, state in rows]
 
     async def timed_out(self, coordinator_partitions: list[int]) -> list[str]:
         rows = await self.metadata.fetch_all(READ, SQL_TIMED_OUT, (coordinator_partitions,))
