@@ -554,3 +554,49 @@ async def test_list_transactions_reports_unknown_state_filters_and_unknown_parti
         assert described.transaction_states[0].error_code != ErrorCode.none
     finally:
         await client.aclose()
+
+
+async def test_idle_transactional_ids_expire(mink_postgres, store_url):
+    """transactional.id.expiration.ms: an id idle longer is removed by its coordinator; an
+    open transaction is never expired; an expired id starts afresh at InitProducerId."""
+    import psycopg
+
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         num_partitions=1, transaction_state_num_partitions=1,
+                         transactional_id_expiration_ms=1500,
+                         transaction_remove_expired_transaction_cleanup_interval_ms=200
+                         ) as running:
+        address = running.bootstrap
+
+        def ids() -> set[str]:
+            with psycopg.connect(running.cluster.postgres_url, autocommit=True) as conn:
+                return {r[0] for r in conn.execute(
+                    "SELECT transactional_id FROM transactions").fetchall()}
+
+        def run():
+            idle = txn_producer(address, "txn-idle")
+            idle.begin_transaction()
+            idle.produce("exp", value=b"kept", partition=0)
+            idle.commit_transaction(TIMEOUT)
+            busy = txn_producer(address, "txn-busy", **{"transaction.timeout.ms": 60_000})
+            busy.begin_transaction()
+            busy.produce("exp", value=b"open", partition=0)
+            busy.flush(TIMEOUT)  # its transaction stays open past the expiration
+            assert ids() >= {"txn-idle", "txn-busy"}
+            deadline = time.monotonic() + TIMEOUT
+            while "txn-idle" in ids():
+                assert time.monotonic() < deadline, "the idle id was never expired"
+                time.sleep(0.1)
+            assert "txn-busy" in ids(), "an open transaction is not expired"
+            busy.commit_transaction(TIMEOUT)
+            # The expired id starts afresh: a new producer id, epoch 0.
+            again = txn_producer(address, "txn-idle")
+            again.begin_transaction()
+            again.produce("exp", value=b"again", partition=0)
+            again.commit_transaction(TIMEOUT)
+            return consume_all(address, "exp", "read_committed", partitions=1, expected=3)
+
+        committed = await trio.to_thread.run_sync(run)
+        assert values(committed) == [b"again", b"kept", b"open"]

@@ -57,6 +57,9 @@ class TransactionCoordinator:
         self.max_timeout_ms = config.transaction_max_timeout_ms
         self.abort_interval_s = (
             config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000)
+        self.expiration_ms = config.transactional_id_expiration_ms
+        self.expire_interval_s = (
+            config.transaction_remove_expired_transaction_cleanup_interval_ms / 1000)
         self.store = TransactionStore(node.metadata)
         self._locks: dict[str, trio.Lock] = {}
         self._topic_wanted = False
@@ -66,17 +69,21 @@ class TransactionCoordinator:
 
     async def run(self) -> None:
         """Create __transaction_state when it is first wanted; abort timed-out transactions
-        of the partitions this node leads."""
-        next_abort_check = trio.current_time()
+        and remove expired transactional ids of the partitions this node leads."""
+        next_abort_check = next_expiry = trio.current_time()
         while True:
             try:
                 await self._ensure_topic()
                 if trio.current_time() >= next_abort_check:
                     next_abort_check = trio.current_time() + self.abort_interval_s
                     await self.abort_timed_out()
-            except md.MetadataError as exc:
-                log.warning("transaction coordinator round skipped: %s", exc)
-            await trio.sleep(min(1.0, self.abort_interval_s))
+                if trio.current_time() >= next_expiry:
+                    next_expiry = trio.current_time() + self.expire_interval_s
+                    await self.expire_transactional_ids()
+            except (md.MetadataError, trio.TooSlowError) as exc:
+                log.warning("transaction coordinator round skipped: %s",
+                            exc or "PostgreSQL did not answer")
+            await trio.sleep(min(1.0, self.abort_interval_s, self.expire_interval_s))
 
     def _topic(self):
         return self.node.view.topics.get(TRANSACTION_STATE_TOPIC)
@@ -260,6 +267,18 @@ class TransactionCoordinator:
         except _Answer as answer:
             return answer.error
         return decision.error
+
+    async def expire_transactional_ids(self) -> int:
+        """transactional.id.expiration.ms: remove the idle ids this node coordinates."""
+        led = self.led_partitions()
+        if not led:
+            return 0
+        with trio.fail_after(WAIT_S):
+            expired = await self.store.expire(led, self.expiration_ms)
+        if expired:
+            log.info("%d transactional id(s) expired (idle over %d ms), e.g. %r",
+                     len(expired), self.expiration_ms, expired[0])
+        return len(expired)
 
     async def abort_timed_out(self) -> int:
         """Abort (with an epoch bump) every transaction of the partitions this node

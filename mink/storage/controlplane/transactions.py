@@ -85,6 +85,14 @@ SELECT transactional_id FROM transactions
  WHERE coordinator_partition = ANY (%s::int[]) AND state = 'Ongoing'
    AND started_at + timeout_ms * interval '1 millisecond' < now()
  ORDER BY started_at LIMIT 100"""
+SQL_EXPIRE = """
+DELETE FROM transactions AS t
+ WHERE t.coordinator_partition = ANY (%s::int[])
+   AND t.state IN ('Empty', 'CompleteCommit', 'CompleteAbort')
+   AND t.updated_at < now() - %s::bigint * interval '1 millisecond'
+   AND NOT EXISTS (SELECT 1 FROM txn_markers AS m WHERE m.transactional_id = t.transactional_id)
+   AND NOT EXISTS (SELECT 1 FROM txn_offsets AS o WHERE o.transactional_id = t.transactional_id)
+RETURNING t.transactional_id"""
 SQL_PENDING_MARKERS = """
 SELECT m.topic_id, m.partition, m.producer_id, m.producer_epoch, m.commit, m.coordinator_epoch
   FROM txn_markers AS m
@@ -199,6 +207,15 @@ class TransactionStore:
 
     async def timed_out(self, coordinator_partitions: list[int]) -> list[str]:
         rows = await self.metadata.fetch_all(READ, SQL_TIMED_OUT, (coordinator_partitions,))
+        return [from_pg(r[0]) for r in rows]
+
+    async def expire(self, coordinator_partitions: list[int], expiration_ms: int) -> list[str]:
+        """Remove the ids of these partitions idle longer than `expiration_ms` with nothing
+        under way (no open or deciding transaction, no marker or offsets pending): Kafka's
+        transactional.id.expiration.ms. One statement: an id written meanwhile (its
+        updated_at moves) is not matched, whoever coordinates it now."""
+        rows = await self.metadata.fetch_all(IDEMPOTENT, SQL_EXPIRE, (
+            coordinator_partitions, expiration_ms))
         return [from_pg(r[0]) for r in rows]
 
     async def pending_markers(self, node_id: int) -> list[PendingMarker]:
