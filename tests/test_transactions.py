@@ -600,3 +600,28 @@ async def test_idle_transactional_ids_expire(mink_postgres, store_url):
 
         committed = await trio.to_thread.run_sync(run)
         assert values(committed) == [b"again", b"kept", b"open"]
+
+
+async def test_kafkajs_transactions(node, kafkajs_modules):
+    """kafkajs' transactional producer (commit, abort, commit) and its read_committed
+    consumer: only the committed values arrive."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parent / "node" / "kafkajs_transactions.js"
+
+    def run():
+        env = dict(os.environ, NODE_PATH=str(kafkajs_modules / "node_modules"))
+        done = subprocess.run(["node", str(script), node, "kjs"], capture_output=True,
+                              text=True, timeout=150, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])["consumed"]
+
+    consumed = await trio.to_thread.run_sync(run)
+    expected = [b"committed-%d" % i for i in range(6)] + [b"second-%d" % i for i in range(3)]
+    assert sorted(v.encode() for v in consumed) == sorted(expected)
+    uncommitted = await trio.to_thread.run_sync(
+        lambda: consume_all(node, "kjs", "read_uncommitted", expected=15))
+    assert len(uncommitted) == 15, "the aborted ones were written, then aborted"
