@@ -1,13 +1,16 @@
 """Transactional throughput and commit latency, with confluent-kafka's transactional producer.
 
-    .venv/bin/python -m benchmarks.transactions [--seconds 5] [--stores file,s3] [--out DIR]
+    .venv/bin/python -m benchmarks.transactions [--seconds 5] [--stores file,s3] [--nodes 1]
+        [--out DIR]
 
 Per store (file:// in a temporary folder, fsync on; S3 on moto in a child process), one node
 of the test harness (`mink.testing`, in this process, on an embedded PostgreSQL), a topic of
 3 partitions, and for 1, 10 and 100 messages (100 bytes) per transaction, for `--seconds`:
 begin, produce the messages round-robin over the partitions, commit; the commit's latency is
 the `commit_transaction()` call (flush of the messages, EndTxn answered once PrepareCommit is
-durable). Baseline, same run and shape: an idempotent producer (acks=all) that flushes after
+durable). With `--nodes 2` the partitions are spread over two nodes, so the markers of some
+are written by a node that did not decide the transaction (it learns of the decision by
+NOTIFY, or its fallback poll), and the next transaction waits for them. Baseline, same run and shape: an idempotent producer (acks=all) that flushes after
 the same number of messages (the same unit of durability, without a transaction).
 
 The node shares this process with the client (librdkafka's threads release the GIL; the
@@ -79,8 +82,9 @@ def run_case(bootstrap: str, size: int, seconds: float, transactional: bool) -> 
             "p99_ms": round(_percentile(latencies, 0.99), 2)}
 
 
-def run_store(name: str, seconds: float, postgres, harness, moto) -> list[dict]:
-    from mink.testing.blocking import blocking_node
+def run_store(name: str, seconds: float, postgres, harness, moto, nodes: int = 1
+              ) -> list[dict]:
+    from mink.testing.blocking import blocking_cluster, blocking_node
 
     config = dict(num_partitions=PARTITIONS, transaction_state_num_partitions=1,
                   offsets_topic_num_partitions=1, proxy=False)
@@ -100,11 +104,14 @@ def run_store(name: str, seconds: float, postgres, harness, moto) -> list[dict]:
         _boto3_client(moto.endpoint).create_bucket(Bucket=bucket)
         config.update(store_url=f"s3://{bucket}/mink")
     results = []
-    with blocking_node(harness, postgres, **config) as node:
+    opened = (blocking_node(harness, postgres, **config) if nodes == 1 else
+              blocking_cluster(harness, nodes, postgres, **config))
+    with opened as node:
         for size in SIZES:
             for transactional in (False, True):
                 case = run_case(node.bootstrap, size, seconds, transactional)
                 case["store"] = name
+                case["nodes"] = nodes
                 print(json.dumps(case), flush=True)
                 results.append(case)
     return results
@@ -114,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--stores", default="file,s3")
+    parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--out", default=str(Path(__file__).with_name("results")))
     args = parser.parse_args(argv)
 
@@ -133,14 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             moto = Moto("process", out_dir / "moto-transactions.log")
             moto.start()
         for store in stores:
-            results += run_store(store, args.seconds, postgres, harness, moto)
+            results += run_store(store, args.seconds, postgres, harness, moto, args.nodes)
     finally:
         harness.close()
         if moto is not None:
             moto.stop()
         postgres.stop()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    lines = ["| store | msgs/txn | kind | msgs/s | txns (flushes)/s | p50 ms | p99 ms |",
+    lines = [f"nodes: {args.nodes}", "",
+             "| store | msgs/txn | kind | msgs/s | txns (flushes)/s | p50 ms | p99 ms |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in results:
         lines.append(f"| {r['store']} | {r['size']} | "
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"transactions-{stamp}.json").write_text(json.dumps(results, indent=2))
     (out_dir / f"transactions-{stamp}.md").write_text(
         f"# Transactions, {stamp}\n\n`python -m benchmarks.transactions "
-        f"--seconds {args.seconds} --stores {args.stores}`\n\n{summary}\n")
+        f"--seconds {args.seconds} --stores {args.stores} --nodes {args.nodes}`\n\n{summary}\n")
     print(summary)
     return 0
 

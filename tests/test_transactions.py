@@ -453,3 +453,175 @@ async def test_aborted_transactions_stay_hidden_after_a_restart(mink_postgres, s
     assert values(first) == kept
     assert values(after) == kept, "no aborted record, nothing past the open transaction"
     assert len(everything) == 16
+
+
+# -- admin: DescribeTransactions, ListTransactions, DescribeProducers (KIP-664) --------------
+
+
+async def test_admin_clients_describe_and_list_transactions_and_producers(node):
+    import kafka.errors
+    from kafka import KafkaAdminClient, TopicPartition
+
+    def run():
+        open_one = txn_producer(node, "txn-admin-open")
+        open_one.begin_transaction()
+        open_one.produce("adm", value=b"open", partition=1)
+        open_one.flush(TIMEOUT)  # written, the transaction stays open
+        done = txn_producer(node, "txn-admin-done")
+        done.begin_transaction()
+        done.produce("adm", value=b"done", partition=0)
+        done.commit_transaction(TIMEOUT)
+        admin = KafkaAdminClient(bootstrap_servers=node)
+        try:
+            described = admin.describe_transactions(["txn-admin-open", "txn-admin-done"])
+            listed = _flat(admin.list_transactions())
+            ongoing = _flat(admin.list_transactions(state_filters=["Ongoing"]))
+            long_running = _flat(admin.list_transactions(duration_filter_ms=3_600_000))
+            open_pid = described["txn-admin-open"].producer_id
+            by_pid = _flat(admin.list_transactions(producer_id_filters=[open_pid]))
+            producers = admin.describe_producers([TopicPartition("adm", 1),
+                                                  TopicPartition("adm", 0)])
+            with pytest.raises(kafka.errors.TransactionalIdNotFoundError):
+                admin.describe_transactions(["txn-admin-never"])
+        finally:
+            admin.close()
+        open_one.abort_transaction(TIMEOUT)
+        return described, listed, ongoing, long_running, by_pid, producers
+
+    described, listed, ongoing, long_running, by_pid, producers = (
+        await trio.to_thread.run_sync(run))
+    opened, done = described["txn-admin-open"], described["txn-admin-done"]
+    assert _field(opened, "state") == "Ongoing", opened
+    assert {(t, tuple(p)) for t, p in _topics_of(opened)} == {("adm", (1,))}, opened
+    assert opened.transaction_start_time_ms > 0 and opened.transaction_timeout_ms == 60_000
+    assert _field(done, "state") == "CompleteCommit" and not _topics_of(done), done
+    states = {_field(t, "transactional_id"): _field(t, "state") for t in listed}
+    assert states["txn-admin-open"] == "Ongoing"
+    assert states["txn-admin-done"] == "CompleteCommit"
+    assert [_field(t, "transactional_id") for t in ongoing] == ["txn-admin-open"]
+    assert not [t for t in long_running if _field(t, "transactional_id") == "txn-admin-open"]
+    assert [_field(t, "transactional_id") for t in by_pid] == ["txn-admin-open"]
+    active = {tp.partition: state for tp, state in producers.items()}
+    open_state = [p for p in _producers_of(active[1]) if _field(p, "producer_id") == (
+        opened.producer_id)]
+    assert open_state and _field(open_state[0], "current_transaction_start_offset") >= 0, active[1]
+    done_state = [p for p in _producers_of(active[0]) if _field(p, "producer_id") == (
+        done.producer_id)]
+    assert done_state and _field(done_state[0], "current_transaction_start_offset") == -1, active[0]
+
+
+def _field(item, name: str):
+    value = item[name] if isinstance(item, dict) else getattr(item, name)
+    return getattr(value, "value", value)  # kafka-python's TransactionState enum
+
+
+def _flat(by_broker: dict) -> list:
+    return [listing for listings in by_broker.values() for listing in listings]
+
+
+def _topics_of(description) -> list:
+    topics = description.topic_partitions
+    out: dict[str, list[int]] = {}
+    for tp in topics:
+        out.setdefault(tp.topic, []).append(tp.partition)
+    return [(t, sorted(p)) for t, p in out.items()]
+
+
+def _producers_of(state) -> list:
+    return list(_field(state, "active_producers"))
+
+
+async def test_list_transactions_reports_unknown_state_filters_and_unknown_partitions(node):
+    from kio.index import load_request_schema
+
+    from mink.client import KafkaClient
+    from mink.protocol.messages import build, nested
+
+    client = await KafkaClient.connect(node)
+    try:
+        listed = await client.call(66, 1, build(load_request_schema(66, 1),
+                                                state_filters=("Bogus",),
+                                                producer_id_filters=(), duration_filter=-1))
+        assert listed.error_code == ErrorCode.none
+        assert listed.unknown_state_filters == ("Bogus",)
+        schema = load_request_schema(61, 0)
+        producers = await client.call(61, 0, build(schema, topics=(build(
+            nested(schema, "TopicRequest"), name="no-such-topic", partition_indexes=(0,)),)))
+        assert producers.topics[0].partitions[0].error_code == (
+            ErrorCode.unknown_topic_or_partition)
+        described = await client.call(65, 0, build(load_request_schema(65, 0),
+                                                   transactional_ids=("",)))
+        assert described.transaction_states[0].error_code != ErrorCode.none
+    finally:
+        await client.aclose()
+
+
+async def test_idle_transactional_ids_expire(mink_postgres, store_url):
+    """transactional.id.expiration.ms: an id idle longer is removed by its coordinator; an
+    open transaction is never expired; an expired id starts afresh at InitProducerId."""
+    import psycopg
+
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         num_partitions=1, transaction_state_num_partitions=1,
+                         transactional_id_expiration_ms=1500,
+                         transaction_remove_expired_transaction_cleanup_interval_ms=200
+                         ) as running:
+        address = running.bootstrap
+
+        def ids() -> set[str]:
+            with psycopg.connect(running.cluster.postgres_url, autocommit=True) as conn:
+                return {r[0] for r in conn.execute(
+                    "SELECT transactional_id FROM transactions").fetchall()}
+
+        def run():
+            idle = txn_producer(address, "txn-idle")
+            idle.begin_transaction()
+            idle.produce("exp", value=b"kept", partition=0)
+            idle.commit_transaction(TIMEOUT)
+            busy = txn_producer(address, "txn-busy", **{"transaction.timeout.ms": 60_000})
+            busy.begin_transaction()
+            busy.produce("exp", value=b"open", partition=0)
+            busy.flush(TIMEOUT)  # its transaction stays open past the expiration
+            assert ids() >= {"txn-idle", "txn-busy"}
+            deadline = time.monotonic() + TIMEOUT
+            while "txn-idle" in ids():
+                assert time.monotonic() < deadline, "the idle id was never expired"
+                time.sleep(0.1)
+            assert "txn-busy" in ids(), "an open transaction is not expired"
+            busy.commit_transaction(TIMEOUT)
+            # The expired id starts afresh: a new producer id, epoch 0.
+            again = txn_producer(address, "txn-idle")
+            again.begin_transaction()
+            again.produce("exp", value=b"again", partition=0)
+            again.commit_transaction(TIMEOUT)
+            return consume_all(address, "exp", "read_committed", partitions=1, expected=3)
+
+        committed = await trio.to_thread.run_sync(run)
+        assert values(committed) == [b"again", b"kept", b"open"]
+
+
+async def test_kafkajs_transactions(node, kafkajs_modules):
+    """kafkajs' transactional producer (commit, abort, commit) and its read_committed
+    consumer: only the committed values arrive."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parent / "node" / "kafkajs_transactions.js"
+
+    def run():
+        env = dict(os.environ, NODE_PATH=str(kafkajs_modules / "node_modules"))
+        done = subprocess.run(["node", str(script), node, "kjs"], capture_output=True,
+                              text=True, timeout=150, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])["consumed"]
+
+    consumed = await trio.to_thread.run_sync(run)
+    expected = [b"committed-%d" % i for i in range(6)] + [b"second-%d" % i for i in range(3)]
+    assert sorted(v.encode() for v in consumed) == sorted(expected)
+    uncommitted = await trio.to_thread.run_sync(
+        lambda: consume_all(node, "kjs", "read_uncommitted", expected=15))
+    assert len(uncommitted) == 15, "the aborted ones were written, then aborted"

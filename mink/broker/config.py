@@ -86,6 +86,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     transaction_state_num_partitions: int = 50
     transaction_max_timeout_ms: int = 900_000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    # transactional.id.expiration.ms: an id with no transaction under way whose state was
+    # last written this long ago is removed (its next InitProducerId starts afresh), checked
+    # every transaction.remove.expired.transaction.cleanup.interval.ms. Kafka's defaults.
+    transactional_id_expiration_ms: int = 604_800_000
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
 
     # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
     # off no metric is kept either.

@@ -131,3 +131,28 @@ def node_processes(tmp_path: Path):
     yield make
     for node_process in started:
         node_process.kill()
+
+
+KAFKAJS_VERSION = "2.2.4"
+
+
+@pytest.fixture(scope="session")
+def kafkajs_modules() -> Path:
+    """A folder whose node_modules holds kafkajs (installed once with npm into
+    tests/.node_modules/, ignored by git, reused by later runs); skips without node or npm,
+    or when npm cannot install, unless MINK_REQUIRE_TOOLS is set."""
+    require_tool("node")
+    npm = require_tool("npm")
+    prefix = Path(__file__).resolve().parent.parent / ".node_modules"
+    marker = prefix / "node_modules" / "kafkajs" / "package.json"
+    if not marker.exists() or f'"version": "{KAFKAJS_VERSION}"' not in marker.read_text():
+        prefix.mkdir(exist_ok=True)
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
+                               str(prefix), f"kafkajs@{KAFKAJS_VERSION}"],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0 or not marker.exists():
+            message = f"npm install kafkajs@{KAFKAJS_VERSION} failed: {done.stderr[-2000:]}"
+            if os.environ.get("MINK_REQUIRE_TOOLS"):
+                pytest.fail(message)
+            pytest.skip(message)
+    return prefix

@@ -32,6 +32,7 @@ from mink.storage.controlplane.transactions import (
     NotTransactionCoordinator,
     PendingMarker,
     TransactionStore,
+    TxnDescription,
     TxnRecord,
     WriteConflict,
 )
@@ -56,25 +57,33 @@ class TransactionCoordinator:
         self.max_timeout_ms = config.transaction_max_timeout_ms
         self.abort_interval_s = (
             config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000)
+        self.expiration_ms = config.transactional_id_expiration_ms
+        self.expire_interval_s = (
+            config.transaction_remove_expired_transaction_cleanup_interval_ms / 1000)
         self.store = TransactionStore(node.metadata)
         self._locks: dict[str, trio.Lock] = {}
         self._topic_wanted = False
+        self.unverified_batches = 0  # refused because PostgreSQL could not verify (tests)
 
     # -- life cycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Create __transaction_state when it is first wanted; abort timed-out transactions
-        of the partitions this node leads."""
-        next_abort_check = trio.current_time()
+        and remove expired transactional ids of the partitions this node leads."""
+        next_abort_check = next_expiry = trio.current_time()
         while True:
             try:
                 await self._ensure_topic()
                 if trio.current_time() >= next_abort_check:
                     next_abort_check = trio.current_time() + self.abort_interval_s
                     await self.abort_timed_out()
-            except md.MetadataError as exc:
-                log.warning("transaction coordinator round skipped: %s", exc)
-            await trio.sleep(min(1.0, self.abort_interval_s))
+                if trio.current_time() >= next_expiry:
+                    next_expiry = trio.current_time() + self.expire_interval_s
+                    await self.expire_transactional_ids()
+            except (md.MetadataError, trio.TooSlowError) as exc:
+                log.warning("transaction coordinator round skipped: %s",
+                            exc or "PostgreSQL did not answer")
+            await trio.sleep(min(1.0, self.abort_interval_s, self.expire_interval_s))
 
     def _topic(self):
         return self.node.view.topics.get(TRANSACTION_STATE_TOPIC)
@@ -259,6 +268,18 @@ class TransactionCoordinator:
             return answer.error
         return decision.error
 
+    async def expire_transactional_ids(self) -> int:
+        """transactional.id.expiration.ms: remove the idle ids this node coordinates."""
+        led = self.led_partitions()
+        if not led:
+            return 0
+        with trio.fail_after(WAIT_S):
+            expired = await self.store.expire(led, self.expiration_ms)
+        if expired:
+            log.info("%d transactional id(s) expired (idle over %d ms), e.g. %r",
+                     len(expired), self.expiration_ms, expired[0])
+        return len(expired)
+
     async def abort_timed_out(self) -> int:
         """Abort (with an epoch bump) every transaction of the partitions this node
         coordinates that is open past its timeout; returns how many."""
@@ -275,6 +296,63 @@ class TransactionCoordinator:
                 aborted += 1
                 log.info("transaction %r aborted: open past its timeout", transactional_id)
         return aborted
+
+
+    # -- describing (admin clients) ------------------------------------------------------------
+
+    async def describe(self, transactional_ids: list[str]
+                       ) -> list[tuple[str, ErrorCode, TxnDescription | None]]:
+        """DescribeTransactions: per id, the error (NOT_COORDINATOR when another node
+        coordinates it, TRANSACTIONAL_ID_NOT_FOUND when it has no state) or its state."""
+        answers: dict[str, tuple[ErrorCode, TxnDescription | None]] = {}
+        mine = []
+        for transactional_id in transactional_ids:
+            error, _, _ = self._fence(transactional_id) if transactional_id else (
+                ErrorCode.transactional_id_not_found, None, -1)
+            if error:
+                answers[transactional_id] = (error, None)
+            else:
+                mine.append(transactional_id)
+        if mine:
+            try:
+                with trio.fail_after(WAIT_S):
+                    found = await self.store.describe(mine)
+            except (trio.TooSlowError, md.MetadataError) as exc:
+                log.warning("DescribeTransactions: PostgreSQL: %s", exc or "no answer")
+                found = None
+            for transactional_id in mine:
+                if found is None:
+                    answers[transactional_id] = (ErrorCode.coordinator_not_available, None)
+                elif transactional_id in found:
+                    answers[transactional_id] = (ErrorCode.none, found[transactional_id])
+                else:
+                    answers[transactional_id] = (ErrorCode.transactional_id_not_found, None)
+        return [(t, *answers[t]) for t in transactional_ids]
+
+    async def list_transactions(self, states: list[str], producer_ids: list[int],
+                                min_duration_ms: int = -1
+                                ) -> tuple[ErrorCode, list[str], list[tuple[str, int, str]]]:
+        """ListTransactions over the partitions of __transaction_state this node leads:
+        (error, unknown state filters, [(transactional id, producer id, state)]). As
+        Kafka, unknown state names are reported and leave the filter; a partition this node
+        is still opening answers COORDINATOR_LOAD_IN_PROGRESS."""
+        known = [s for s in states if s in rules.KAFKA_STATES]
+        unknown = [s for s in states if s not in rules.KAFKA_STATES]
+        topic = self._topic()
+        if topic is None:
+            return ErrorCode.none, unknown, []
+        led = self.led_partitions()
+        if any(p.leader == self.node.node_id and p.index not in led for p in topic.partitions):
+            return ErrorCode.coordinator_load_in_progress, unknown, []
+        if not led:
+            return ErrorCode.none, unknown, []
+        try:
+            with trio.fail_after(WAIT_S):
+                rows = await self.store.list(led, known, producer_ids, min_duration_ms)
+        except (trio.TooSlowError, md.MetadataError) as exc:
+            log.warning("ListTransactions: PostgreSQL: %s", exc or "no answer")
+            return ErrorCode.coordinator_not_available, unknown, []
+        return ErrorCode.none, unknown, rows
 
 
 class _Answer(Exception):

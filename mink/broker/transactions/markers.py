@@ -7,6 +7,11 @@ WAL commit's transaction, that the marker is durable (the row goes; the transact
 with its last marker). A new leader finds the rows left by the old one at its next round, so
 a failover between the decision and the markers loses nothing and writes nothing twice.
 
+A decision NOTIFYs `mink_txn_markers` (in 0012's mink_txn_write): every node LISTENs and
+looks for its markers at once, so a partition led by a node that did not decide gets its
+marker within a round trip, not at the next poll; the poll stays as the fallback (a lost
+LISTEN connection, a leader that opened the partition after the decision).
+
 A marker for a group's partition of `__consumer_offsets` is no batch: that partition's leader
 is the group's coordinator, which applies the offsets the decision committed to its cache.
 """
@@ -28,7 +33,8 @@ from mink.storage.producer_state import ABORT, COMMIT, ProducerAppend
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.2  # how often a node looks for markers decided elsewhere
+POLL_S = 0.5  # fallback: how often a node looks for markers without a NOTIFY
+MARKERS_CHANNEL = "mink_txn_markers"  # NOTIFYed by a decision (0012_transactions.sql)
 WRITE_TIMEOUT_S = 30.0
 CONTROL_ABORT, CONTROL_COMMIT = 0, 1  # Kafka's ControlRecordType
 
@@ -66,22 +72,32 @@ class MarkerWriter:
                 nursery.start_soon(self._write, marker, key)
 
     async def run(self) -> None:
-        """Every POLL_S, the markers due in the partitions this node leads (those it decided
-        itself were submitted at once)."""
-        store = self.node.transactions.store
+        """Look for the markers due in the partitions this node leads at every NOTIFY of a
+        decision and every POLL_S (those it decided itself were submitted at once)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 while True:
                     try:
-                        markers = await store.pending_markers(self.node.node_id)
-                    except md.MetadataError as exc:
-                        log.debug("reading pending markers failed: %s", exc)
-                        markers = []
-                    self.submit(markers)
+                        async with self.node.metadata.listen(MARKERS_CHANNEL) as wakeups:
+                            while True:
+                                await self._round()
+                                with trio.move_on_after(POLL_S):
+                                    await wakeups.wait()
+                    except* md.MetadataUnavailable as group:
+                        log.warning("marker listener unavailable: %s", group.exceptions[0])
+                    await self._round()
                     await trio.sleep(POLL_S)
         finally:
             self._nursery = None
+
+    async def _round(self) -> None:
+        try:
+            markers = await self.node.transactions.store.pending_markers(self.node.node_id)
+        except md.MetadataError as exc:
+            log.debug("reading pending markers failed: %s", exc)
+            return
+        self.submit(markers)
 
     async def _write(self, marker: PendingMarker, key: tuple) -> None:
         try:

@@ -21,6 +21,10 @@ PREPARE_ABORT = "PrepareAbort"
 COMPLETE_COMMIT = "CompleteCommit"
 COMPLETE_ABORT = "CompleteAbort"
 PREPARING = (PREPARE_COMMIT, PREPARE_ABORT)
+# Every state name Kafka knows (ListTransactions' state filters); Mink never stores the
+# last two (it removes an expired id's row instead of Dead; no transaction.version 2 fence).
+KAFKA_STATES = frozenset({EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT,
+                          COMPLETE_ABORT, "Dead", "PrepareEpochFence"})
 
 MAX_EPOCH = 32767  # Short.MaxValue: an epoch that would reach it takes a new producer id
 NEW_PRODUCER_ID = -2  # in a Decision: the coordinator hands out a fresh producer id

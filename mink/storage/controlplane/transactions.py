@@ -18,7 +18,7 @@ from mink.storage.controlplane.groups import Fence
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ, MetadataStore
 from mink.storage.pgtext import from_pg, to_pg
 
-__all__ = ["TxnRecord", "PendingMarker", "TransactionStore", "NotTransactionCoordinator",
+__all__ = ["TxnRecord", "TxnDescription", "PendingMarker", "TransactionStore", "NotTransactionCoordinator",
            "WriteConflict"]
 
 
@@ -39,6 +39,18 @@ class TxnRecord(msgspec.Struct):
     version: int
     partitions: list[tuple[uuid.UUID, int]] = []
     pending_markers: int = 0
+
+
+class TxnDescription(msgspec.Struct):
+    """What DescribeTransactions answers of one transactional id."""
+    transactional_id: str
+    coordinator_partition: int
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str
+    start_ms: int  # when its transaction started (ms since the epoch), -1 when none
+    partitions: list[tuple[str, int]] = []  # (topic, partition) in or completing it
 
 
 class PendingMarker(msgspec.Struct, frozen=True):
@@ -73,6 +85,14 @@ SELECT transactional_id FROM transactions
  WHERE coordinator_partition = ANY (%s::int[]) AND state = 'Ongoing'
    AND started_at + timeout_ms * interval '1 millisecond' < now()
  ORDER BY started_at LIMIT 100"""
+SQL_EXPIRE = """
+DELETE FROM transactions AS t
+ WHERE t.coordinator_partition = ANY (%s::int[])
+   AND t.state IN ('Empty', 'CompleteCommit', 'CompleteAbort')
+   AND t.updated_at < now() - %s::bigint * interval '1 millisecond'
+   AND NOT EXISTS (SELECT 1 FROM txn_markers AS m WHERE m.transactional_id = t.transactional_id)
+   AND NOT EXISTS (SELECT 1 FROM txn_offsets AS o WHERE o.transactional_id = t.transactional_id)
+RETURNING t.transactional_id"""
 SQL_PENDING_MARKERS = """
 SELECT m.topic_id, m.partition, m.producer_id, m.producer_epoch, m.commit, m.coordinator_epoch
   FROM txn_markers AS m
@@ -93,6 +113,35 @@ SELECT mink_txn_group_marker(%s::uuid, %s::int, %s::int, %s::int, %s::bigint,
 SQL_PENDING_OFFSETS = """
 SELECT group_id, topic, partition FROM txn_offsets
  WHERE coordinator_partition = %s"""
+
+SQL_DESCRIBE = """
+SELECT t.transactional_id, t.coordinator_partition, t.producer_id, t.producer_epoch,
+       t.timeout_ms, t.state,
+       CASE WHEN t.state = 'Empty' OR t.started_at IS NULL THEN -1
+            ELSE (extract(epoch FROM t.started_at) * 1000)::bigint END,
+       coalesce((SELECT array_agg(x.name ORDER BY x.name, x.partition) FROM (
+           SELECT tp.name, p.partition FROM transaction_partitions AS p
+             JOIN topics AS tp USING (topic_id) WHERE p.transactional_id = t.transactional_id
+           UNION
+           SELECT tp.name, m.partition FROM txn_markers AS m
+             JOIN topics AS tp USING (topic_id) WHERE m.transactional_id = t.transactional_id
+       ) AS x), '{}'),
+       coalesce((SELECT array_agg(x.partition ORDER BY x.name, x.partition) FROM (
+           SELECT tp.name, p.partition FROM transaction_partitions AS p
+             JOIN topics AS tp USING (topic_id) WHERE p.transactional_id = t.transactional_id
+           UNION
+           SELECT tp.name, m.partition FROM txn_markers AS m
+             JOIN topics AS tp USING (topic_id) WHERE m.transactional_id = t.transactional_id
+       ) AS x), '{}')
+  FROM transactions AS t WHERE t.transactional_id = ANY (%s::text[])"""
+SQL_LIST = """
+SELECT transactional_id, producer_id, state FROM transactions
+ WHERE coordinator_partition = ANY (%s::int[])
+   AND (cardinality(%s::text[]) = 0 OR state = ANY (%s::text[]))
+   AND (cardinality(%s::bigint[]) = 0 OR producer_id = ANY (%s::bigint[]))
+   AND (%s::bigint < 0 OR started_at IS NULL
+        OR started_at < now() - %s::bigint * interval '1 millisecond')
+ ORDER BY transactional_id"""
 
 _done_decoder = msgspec.json.Decoder(list[tuple[str, str, int, int, int, str | None, bool]])
 
@@ -134,8 +183,39 @@ class TransactionStore:
             producer_id, producer_epoch, [t for t, _ in partitions], [p for _, p in partitions]))
         return {(t, p) for t, p in rows}
 
+    async def describe(self, transactional_ids: list[str]) -> dict[str, TxnDescription]:
+        """DescribeTransactions: the stored state of each id that has one."""
+        rows = await self.metadata.fetch_all(READ, SQL_DESCRIBE, (
+            [to_pg(t) for t in transactional_ids],))
+        out = {}
+        for txn_id, partition, pid, epoch, timeout_ms, state, start_ms, topics, parts in rows:
+            out[from_pg(txn_id)] = TxnDescription(
+                from_pg(txn_id), partition, pid, epoch, timeout_ms, state, start_ms,
+                [(from_pg(t), p) for t, p in zip(topics, parts, strict=True)])
+        return out
+
+    async def list(self, coordinator_partitions: list[int], states: list[str],
+                   producer_ids: list[int], min_duration_ms: int = -1
+                   ) -> list[tuple[str, int, str]]:
+        """ListTransactions: (transactional id, producer id, state) of the ids coordinated
+        by these partitions, filtered as Kafka filters (empty filter: all; a duration
+        >= 0: only those whose transaction started longer ago than that)."""
+        rows = await self.metadata.fetch_all(READ, SQL_LIST, (
+            coordinator_partitions, states, states, producer_ids, producer_ids,
+            min_duration_ms, min_duration_ms))
+        return [(from_pg(t), pid, state) for t, pid, state in rows]
+
     async def timed_out(self, coordinator_partitions: list[int]) -> list[str]:
         rows = await self.metadata.fetch_all(READ, SQL_TIMED_OUT, (coordinator_partitions,))
+        return [from_pg(r[0]) for r in rows]
+
+    async def expire(self, coordinator_partitions: list[int], expiration_ms: int) -> list[str]:
+        """Remove the ids of these partitions idle longer than `expiration_ms` with nothing
+        under way (no open or deciding transaction, no marker or offsets pending): Kafka's
+        transactional.id.expiration.ms. One statement: an id written meanwhile (its
+        updated_at moves) is not matched, whoever coordinates it now."""
+        rows = await self.metadata.fetch_all(IDEMPOTENT, SQL_EXPIRE, (
+            coordinator_partitions, expiration_ms))
         return [from_pg(r[0]) for r in rows]
 
     async def pending_markers(self, node_id: int) -> list[PendingMarker]:

@@ -18,7 +18,9 @@ from . import (
     describe_configs,
     describe_groups,
     describe_log_dirs,
+    describe_producers,
     describe_topic_partitions,
+    describe_transactions,
     elect_leaders,
     end_txn,
     fetch,
@@ -31,6 +33,7 @@ from . import (
     list_groups,
     list_offsets,
     list_partition_reassignments,
+    list_transactions,
     metadata,
     offset_commit,
     offset_delete,
@@ -78,6 +81,9 @@ HANDLERS = {
     ApiKey.ADD_OFFSETS_TO_TXN: add_offsets_to_txn.handle,
     ApiKey.END_TXN: end_txn.handle,
     ApiKey.TXN_OFFSET_COMMIT: txn_offset_commit.handle,
+    ApiKey.DESCRIBE_PRODUCERS: describe_producers.handle,
+    ApiKey.DESCRIBE_TRANSACTIONS: describe_transactions.handle,
+    ApiKey.LIST_TRANSACTIONS: list_transactions.handle,
 }
 
 # A client must never be offered an API that then fails.

@@ -80,10 +80,12 @@ async def handle(node, ctx, request):
     except LogError as exc:
         return refuse_all(error_for(exc), str(exc))
     # KIP-890: transactional batches starting a transaction here are checked first.
-    await verify_transactional_batches(node, request)
+    unverified = await verify_transactional_batches(node, request)
     # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
     transactional = request.transactional_id is not None
-    results = {t.name: [_append(node, t.name, p, version, transactional)
+    results = {t.name: [_refused(p.index, *unverified[t.name, p.index])
+                        if (t.name, p.index) in unverified else
+                        _append(node, t.name, p, version, transactional)
                         for p in t.partition_data]
                for t in request.topic_data}
     ctx.applied()
@@ -110,7 +112,8 @@ async def handle(node, ctx, request):
 
 
 # Errors that say "not written, retry": what a batch pipelined behind one is told too.
-_NOT_WRITTEN = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error})
+_NOT_WRITTEN = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.kafka_storage_error,
+                          ErrorCode.not_enough_replicas})  # the last: KIP-890 unverified
 
 
 def _remember_not_written(node, request, results: dict[str, list[_PartitionResult]]) -> None:
