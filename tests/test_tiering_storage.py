@@ -208,6 +208,99 @@ async def test_a_stale_coordinator_epoch_is_refused_and_changes_nothing(metadata
             ] == list(range(log.high_watermark))
 
 
+async def test_a_stale_writer_lease_epoch_is_refused_and_changes_nothing(metadata, nursery):
+    """A round handed to a topic's writer-lease holder is fenced by that lease's epoch too,
+    at the begin and at the swap; a coordinator's own round (no writer fence) is refused
+    while somebody holds the topic's writer lease."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 20)
+    rows_before = await index_rows(metadata, topic, 0)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    scope = f"writer/{topic.topic_id}"
+    writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
+    assert writer_epoch is not None
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+
+    async def refused(reason, *args, **kwargs):
+        with pytest.raises(StaleEpoch) as caught:
+            await tiering.write_stream_object(metadata, *args, **kwargs)
+        assert caught.value.reason == reason
+
+    # Refused at the begin: nothing uploaded, nothing recorded.
+    await refused("stale_writer_lease_epoch", objects, epoch, plan,
+                  writer=tiering.WriterFence(1, writer_epoch - 1))
+    await refused("stale_writer_lease_epoch", objects, epoch, plan,
+                  writer=tiering.WriterFence(2, writer_epoch))  # not the holder
+    await refused("writer_lease_held", objects, epoch, plan)  # the coordinator's own round
+    await refused("stale_coordinator_epoch", objects, epoch - 1, plan,
+                  writer=tiering.WriterFence(1, writer_epoch))
+    assert await objects.list("stream/") == [] and await tiering.open_uploads(metadata) == []
+
+    # A round that began under the writer lease, which moved before the swap.
+    class LoseWriterLeaseBeforeSwap:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def create(self, key, data):
+            await self.inner.create(key, data)
+            await metadata.release_lease(scope, 1, writer_epoch)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    await refused("stale_writer_lease_epoch", LoseWriterLeaseBeforeSwap(objects), epoch, plan,
+                  writer=tiering.WriterFence(1, writer_epoch))
+    assert await index_rows(metadata, topic, 0) == rows_before, "the index did not change"
+    (stuck,) = await tiering.open_uploads(metadata)
+
+    # The new tenure of the writer lease tiers the same range; the stuck upload is swept.
+    new_writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
+    assert new_writer_epoch > writer_epoch
+    await refused("stale_writer_lease_epoch", objects, epoch, plan,
+                  writer=tiering.WriterFence(1, writer_epoch))
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan,
+                                            writer=tiering.WriterFence(1, new_writer_epoch))
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    assert await tiering.sweep_uploads(metadata, epoch, 0.0) == [stuck]
+    assert [o for o, _ in await read_all(_reader(Streams(1, streams.node_epoch, objects,
+                                                         metadata), topic.topic_id, 0,
+                                                 await metadata.stream_state(topic.topic_id, 0)))
+            ] == list(range(log.high_watermark))
+
+
+async def test_assignments_go_to_live_writer_lease_holders(metadata, nursery):
+    """The coordinator's schedule: an assignment names the holder and its writer epoch;
+    one whose holder lost the lease is dropped at the next schedule; a done assignment is
+    forgotten unless the coordinator renewed it since."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 2)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    scope = f"writer/{topic.topic_id}"
+    writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
+    with pytest.raises(StaleEpoch):
+        await tiering.assign(metadata, epoch - 1, [(topic.topic_id, 0, 1, writer_epoch)])
+    assert await tiering.assign(metadata, epoch, [(topic.topic_id, 0, 1, writer_epoch),
+                                                  (topic.topic_id, 1, 1, writer_epoch)]) == 2
+    mine = await tiering.assigned_to(metadata, 1)
+    assert [(a.partition, a.writer_epoch, a.coordinator_epoch) for a in mine] == [
+        (0, writer_epoch, epoch), (1, writer_epoch, epoch)]
+    assert await tiering.assigned_to(metadata, 2) == []
+    await tiering.assign(metadata, epoch, [(topic.topic_id, 1, 1, writer_epoch)])  # renewed
+    await tiering.assignments_done(metadata, 1, mine)
+    assert [a.partition for a in await tiering.assigned_to(metadata, 1)] == [1]
+    await metadata.release_lease(scope, 1, writer_epoch)
+    await tiering.assign(metadata, epoch, [])
+    assert await tiering.assigned_to(metadata, 1) == [], "the holder lost its lease"
+
+
 async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, nursery):
     from mink.storage.objectstore import open_object_store
 
@@ -235,7 +328,7 @@ async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, n
     assert plan.base_offset == 2
     key = await tiering.write_stream_object(metadata, objects, epoch, plan)
     row = await metadata.fetch_one(READ, tiering.SQL_SWAP, (
-        epoch, key, topic.topic_id, 0, plan.base_offset, plan.last_offset, 1, "[]"))
+        epoch, None, None, key, topic.topic_id, 0, plan.base_offset, plan.last_offset, 1, "[]"))
     assert row == ("swapped",)
     assert key not in await lifecycle.due_deletions(metadata, 100)
 
