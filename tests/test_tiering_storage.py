@@ -519,3 +519,91 @@ async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery)
         await reader.read(offset, 1000)
     assert reader.log_start_offset == log.high_watermark
     assert reader.key not in cold.caches._stream_rows, "the gone row is forgotten"
+
+
+async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
+        metadata, nursery, monkeypatch):
+    """A sequential reader of a stream object gets the next blocks fetched in the
+    background, in the same block-aligned ranges every reader asks for: readers of any size
+    share them (each block GET once), at most READ_AHEAD_GETS are in flight, and closing the
+    owner's nursery cancels them."""
+    import types
+
+    import mink.storage.log as log_module
+    from mink.storage.objectstore import open_object_store
+
+    block = 16 * 1024
+    monkeypatch.setattr(log_module, "STREAM_BLOCK_BYTES", block)
+    monkeypatch.setattr(log_module, "READ_AHEAD_GETS", 2)
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 60)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
+    (row,) = await index_rows(metadata, topic, 0)
+    blocks = -(-row.byte_end // block)
+    assert blocks > 8
+    expected = await read_all(log)
+
+    gets: list[tuple[int, int]] = []
+    in_flight_seen: list[int] = []
+
+    class Slow:
+        async def get(self, k, start=0, end=None):
+            if k == key and end is not None:
+                gets.append((start, end))
+                in_flight_seen.append(cold.caches.read_ahead_in_flight)
+            await trio.sleep(0.01)
+            return await objects.get(k, start, end)
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    cold = Streams(1, streams.node_epoch, Slow(), metadata)
+    state = await metadata.stream_state(topic.topic_id, 0)
+    walked = {}
+
+    async def walk(name: str, fetch_bytes: int) -> None:
+        reader = _reader(cold, topic.topic_id, 0, state)
+        offset, got = 0, []
+        while offset < state.committed_end:
+            values = values_of(await reader.read(offset, fetch_bytes))
+            got += values
+            offset = values[-1][0] + 1
+        walked[name] = got
+
+    async with trio.open_nursery() as owner:
+        await owner.start(cold.caches.run_read_ahead)
+        async with trio.open_nursery() as readers:
+            readers.start_soon(walk, "small", 1000)
+            readers.start_soon(walk, "large", 40_000)
+        owner.cancel_scope.cancel()
+    assert walked["small"] == walked["large"] == expected
+    assert all(start % block == 0 and end == min(start + block, row.byte_end)
+               for start, end in gets), "block-aligned ranges only"
+    assert sorted(gets) == sorted(set(gets)), "each block fetched once, shared by everyone"
+    assert len(gets) == blocks
+    assert cold.caches.read_ahead_gets >= blocks // 2, "most blocks were read ahead"
+    assert max(in_flight_seen) <= 2, "read-ahead GETs in flight are bounded"
+
+    # Closing the owner cancels a read-ahead stuck on the store; none is left counted.
+    class Hanging:
+        async def get(self, k, start=0, end=None):
+            await trio.sleep_forever()
+
+    hanging = log_module.ReadCaches(metadata, Hanging(), 0, 1 << 20)
+    fake = types.SimpleNamespace(blocks_read=(0, 0), block_size=block,
+                                 footer=types.SimpleNamespace(data_length=10 * block))
+    with trio.fail_after(5):
+        async with trio.open_nursery() as owner:
+            await owner.start(hanging.run_read_ahead)
+            hanging.read_ahead("k", fake)
+            assert hanging.read_ahead_in_flight == 2
+            await trio.sleep(0.05)
+            owner.cancel_scope.cancel()
+    assert hanging.read_ahead_in_flight == 0 and hanging._loading == {}
+    hanging.read_ahead("k", fake)  # no owner any more: nothing starts
+    assert hanging.read_ahead_in_flight == 0
