@@ -267,6 +267,14 @@ async def test_a_stale_writer_lease_epoch_is_refused_and_changes_nothing(metadat
                                             writer=tiering.WriterFence(1, new_writer_epoch))
     assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
     assert await tiering.sweep_uploads(metadata, epoch, 0.0) == [stuck]
+
+    # The writer-lease holder is gone (its lease released or expired): the coordinator's
+    # own round, with no writer fence, tiers the topic.
+    await append(log, [b"later"]).wait(10)
+    await metadata.release_lease(scope, 1, new_writer_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+    await tiering.write_stream_object(metadata, objects, epoch, plan)
+    assert await tiering.backlog(metadata) == (0, 0)
     assert [o for o, _ in await read_all(_reader(Streams(1, streams.node_epoch, objects,
                                                          metadata), topic.topic_id, 0,
                                                  await metadata.stream_state(topic.topic_id, 0)))
