@@ -15,9 +15,23 @@ protocol), one process, in the same run:
    `write_stream_object`, 4 at once) until no index row points into a WAL object; timed.
 4. Catch-up again, now from stream objects, cold caches, the same simulated latency.
 
+5. Catch-up from stream objects once more with read-ahead on (the Streams' nursery hosts
+   it on a node; here the benchmark's), cold caches: read-ahead off vs on in the same run.
+
 The OS page cache is warm for both reads (the file:// store's files were just written):
 the difference measured is the one of GETs and index lookups, which a remote store makes
 expensive. Results: `<out>/tiering-<timestamp>.json` and `.md`.
+
+`--mode commit-latency`: a leader's commits with tiering off vs on, in the same run.
+`--partitions` producers append ~4 KiB batches every `--append-interval-ms` each (one in
+flight per partition, the WAL of a file:// node: flush as soon as the previous one is done)
+for alternating phases of `--phase-s` seconds, `--phases` of each; in the "on" phases
+tiering rounds run beside them in the same process (as on a leader that is also the writer-
+lease holder, the worst case), every `--round-interval-s` (0.25 s), every row due at once,
+256 KiB stream objects
+(so every round swaps rows of every partition the leader is committing to). Reported: the
+latency from append to durable (uploaded and committed) p50 / p99 / p99.9 / max per mode,
+errors, stream objects swapped. Results: `<out>/tiering-commit-latency-<timestamp>.json`.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import random
 import shutil
 import sys
@@ -98,10 +113,22 @@ async def produce(streams: Streams, logs: list[PartitionLog], total: int, seed: 
 
 
 async def catch_up(metadata, objects, topic_id, partitions: int, node_id: int,
-                   node_epoch: int, fetch_bytes: int) -> dict[str, Any]:
+                   node_epoch: int, fetch_bytes: int, read_ahead: bool = False) -> dict[str, Any]:
     """Every partition read from 0 to its high watermark at once, cold caches."""
     counting = CountingGets(objects)
     caches = ReadCaches(metadata, counting, 0, 256 * MIB)
+    async with trio.open_nursery() as owner:
+        if read_ahead:
+            await owner.start(caches.run_read_ahead)
+        result = await _catch_up(caches, counting, metadata, topic_id, partitions,
+                                 fetch_bytes)
+        owner.cancel_scope.cancel()
+    result["read_ahead_gets"] = caches.read_ahead_gets
+    return result
+
+
+async def _catch_up(caches, counting, metadata, topic_id, partitions: int,
+                    fetch_bytes: int) -> dict[str, Any]:
     total = 0
     fetches = 0
     started = time.monotonic()
@@ -196,14 +223,146 @@ async def run(args, postgres: EmbeddedPostgres, root: Path) -> dict[str, Any]:
             from_streams = await catch_up(metadata, remote, topic.topic_id, args.partitions,
                                           1, epoch, args.fetch_bytes)
             print(f"catch-up from stream objects: {from_streams}", flush=True)
+            read_ahead = await catch_up(metadata, remote, topic.topic_id, args.partitions,
+                                        1, epoch, args.fetch_bytes, read_ahead=True)
+            print(f"catch-up from stream objects, read-ahead on: {read_ahead}", flush=True)
             settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
             return {"settings": settings, "produce_seconds": round(produce_s, 2),
                     "wal_objects": wal_objects, "index_before": before,
                     "index_after": after, "catch_up_wal": from_wal,
-                    "catch_up_streams": from_streams, "tiering": tier}
+                    "catch_up_streams": from_streams, "catch_up_read_ahead": read_ahead,
+                    "tiering": tier}
         finally:
             with trio.CancelScope(shield=True):
                 await metadata.aclose()
+
+
+def _percentiles(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+
+    return {"n": len(ordered), "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999),
+            "max_ms": round(ordered[-1] * 1000, 2)}
+
+
+async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[str, Any]:
+    """A leader's append-to-durable latency with tiering rounds beside it or not."""
+    from mink.protocol.records import Record, build_batch
+
+    async with trio_asyncio.open_loop():
+        metadata = await MetadataStore.open(postgres.url)
+        try:
+            files = open_object_store(root.as_uri())
+            await files.check()
+            epoch = await metadata.register_node(1, "127.0.0.1", 19001, ttl_s=3600)
+            lease = await metadata.acquire_lease("coordinator", 1, epoch, ttl_s=3600)
+            topic = await metadata.create_topic("commit-latency", args.partitions, {},
+                                                [1] * args.partitions, coordinator_epoch=lease)
+            rng = random.Random(args.seed)
+            batch = bytes(build_batch([Record(i, 0, None, rng.randbytes(512)) for i in range(8)],
+                                      base_timestamp=1_700_000_000_000))
+            streams = Streams(1, epoch, files, metadata)  # a file:// node's WAL settings
+            phases: list[dict[str, Any]] = []
+            latencies: dict[str, list[float]] = {"off": [], "on": []}
+            errors = {"off": 0, "on": 0}
+            swapped = {"off": 0, "on": 0}
+            async with trio.open_nursery() as nursery:
+                await nursery.start(streams.run)
+                logs = [await streams.open(topic.topic_id, p, 0) for p in range(args.partitions)]
+
+                async def producer(log: PartitionLog, mode: str, until: float) -> None:
+                    while trio.current_time() < until:
+                        started = trio.current_time()
+                        try:
+                            await log.append(bytearray(batch), [8], 1_700_000_000_000).wait(30)
+                            latencies[mode].append(trio.current_time() - started)
+                        except Exception:
+                            errors[mode] += 1
+                        await trio.sleep(args.append_interval_ms / 1000)
+
+                async def tiering_rounds(mode: str) -> None:
+                    limiter = trio.CapacityLimiter(4)
+                    while True:
+                        plans = tiering.plan_stream_objects(
+                            await tiering.wal_rows(metadata, 0.0), 256 * 1024)
+
+                        async def job(plan) -> None:
+                            async with limiter:
+                                try:
+                                    await tiering.write_stream_object(metadata, files, lease,
+                                                                      plan)
+                                    swapped[mode] += 1
+                                except tiering.TieringRefused:
+                                    pass
+
+                        async with trio.open_nursery() as jobs:
+                            for plan in plans:
+                                jobs.start_soon(job, plan)
+                        await trio.sleep(args.round_interval_s)
+
+                for i in range(2 * args.phases):
+                    mode = "off" if i % 2 == 0 else "on"
+                    before = len(latencies[mode])
+                    until = trio.current_time() + args.phase_s
+                    async with trio.open_nursery() as phase:
+                        if mode == "on":
+                            phase.start_soon(tiering_rounds, mode)
+                        async with trio.open_nursery() as producers:
+                            for log in logs:
+                                producers.start_soon(producer, log, mode, until)
+                        phase.cancel_scope.cancel()
+                    summary = {"mode": mode, **_percentiles(latencies[mode][before:])}
+                    phases.append(summary)
+                    print(f"phase {i + 1}: {summary}", flush=True)
+                streams.stop()
+            backlog_rows, _ = await tiering.backlog(metadata)
+            settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+            return {"settings": settings, "phases": phases,
+                    "off": {**_percentiles(latencies["off"]), "errors": errors["off"]},
+                    "on": {**_percentiles(latencies["on"]), "errors": errors["on"],
+                           "stream_objects_swapped": swapped["on"]},
+                    "wal_rows_left": backlog_rows}
+        finally:
+            with trio.CancelScope(shield=True):
+                await metadata.aclose()
+
+
+def main_commit_latency(args, argv) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="mink-tiering-bench-"))
+    postgres = EmbeddedPostgres(tmp / "pg", durable=False)
+    root = tmp / "objects"
+    root.mkdir()
+    try:
+        postgres.start()
+        load_before = os.getloadavg()
+        result = trio.run(commit_latency, args, postgres, root)
+        result["load_average"] = [load_before, os.getloadavg()]
+    finally:
+        if postgres.running():
+            postgres.stop("immediate")
+        shutil.rmtree(tmp, ignore_errors=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result["command"] = "python -m benchmarks.tiering " + " ".join(argv or sys.argv[1:])
+    (args.out / f"tiering-commit-latency-{stamp}.json").write_text(json.dumps(result, indent=2))
+    off, on = result["off"], result["on"]
+    md = [f"# Tiering beside a leader's commits {stamp}", "", f"`{result['command']}`", "",
+          f"{args.partitions} partitions, a ~4 KiB batch every {args.append_interval_ms} ms "
+          f"each, tiering rounds every {args.round_interval_s} s, {args.phases} phases of {args.phase_s} s per mode, alternating; load "
+          f"average {result['load_average'][0][0]:.1f} -> {result['load_average'][1][0]:.1f}.",
+          "", "| append to durable | tiering off | tiering on |", "| --- | ---: | ---: |",
+          *[f"| {k} | {off.get(k)} | {on.get(k)} |"
+            for k in ("n", "p50_ms", "p99_ms", "p999_ms", "max_ms", "errors")],
+          f"| stream objects swapped | 0 | {on['stream_objects_swapped']} |", "",
+          "Per phase: " + "; ".join(f"{p['mode']} p50 {p.get('p50_ms')} p99 {p.get('p99_ms')}"
+                                    for p in result["phases"])]
+    (args.out / f"tiering-commit-latency-{stamp}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +376,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-object-mb", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--mode", choices=("catch-up", "commit-latency"), default="catch-up")
+    parser.add_argument("--phase-s", type=float, default=10.0,
+                        help="commit-latency: seconds per phase")
+    parser.add_argument("--phases", type=int, default=3,
+                        help="commit-latency: phases of each mode (off, on, off, on, ...)")
+    parser.add_argument("--append-interval-ms", type=float, default=20.0,
+                        help="commit-latency: pause between one partition's appends")
+    parser.add_argument("--round-interval-s", type=float, default=0.25,
+                        help="commit-latency: pause between tiering rounds")
     args = parser.parse_args(argv)
+    if args.mode == "commit-latency":
+        return main_commit_latency(args, argv)
     tmp = Path(tempfile.mkdtemp(prefix="mink-tiering-bench-"))
     postgres = EmbeddedPostgres(tmp / "pg", durable=False)
     root = tmp / "objects"
@@ -233,19 +403,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result["command"] = "python -m benchmarks.tiering " + " ".join(argv or sys.argv[1:])
     (args.out / f"tiering-{stamp}.json").write_text(json.dumps(result, indent=2))
-    w, s = result["catch_up_wal"], result["catch_up_streams"]
+    w, s, r = result["catch_up_wal"], result["catch_up_streams"], result["catch_up_read_ahead"]
     b, a = result["index_before"], result["index_after"]
     md = [f"# Tiering benchmark {stamp}", "", f"`{result['command']}`", "",
           f"{args.mb} MB over {args.partitions} partitions, {result['wal_objects']} WAL objects "
           f"(50 ms flushes); catch-up with cold caches, 1 MiB Fetches, "
           f"{args.latency_ms} ms ± {args.latency_ms / 2} ms per GET.", "",
-          "| | from WAL objects only | from stream objects |", "| --- | ---: | ---: |",
-          f"| catch-up MB/s | {w['mb_per_s']} | {s['mb_per_s']} |",
-          f"| catch-up seconds | {w['seconds']} | {s['seconds']} |",
-          f"| GETs | {w['gets']} | {s['gets']} |",
-          f"| MB fetched from the store | {w['get_mb']} | {s['get_mb']} |",
-          f"| index rows | {b['index_rows']} | {a['index_rows']} |",
-          f"| index rows per GB retained | {b['index_rows_per_gb']} | {a['index_rows_per_gb']} |",
+          "| | from WAL objects only | from stream objects | stream objects, read-ahead |",
+          "| --- | ---: | ---: | ---: |",
+          f"| catch-up MB/s | {w['mb_per_s']} | {s['mb_per_s']} | {r['mb_per_s']} |",
+          f"| catch-up seconds | {w['seconds']} | {s['seconds']} | {r['seconds']} |",
+          f"| GETs | {w['gets']} | {s['gets']} | {r['gets']} "
+          f"({r['read_ahead_gets']} read ahead) |",
+          f"| MB fetched from the store | {w['get_mb']} | {s['get_mb']} | {r['get_mb']} |",
+          f"| index rows | {b['index_rows']} | {a['index_rows']} | |",
+          f"| index rows per GB retained | {b['index_rows_per_gb']} | {a['index_rows_per_gb']} "
+          "| |",
           "", f"Tiering (one node, file://, 4 stream objects at once): "
           f"{result['tiering']['mb_per_s']} MB/s ({result['tiering']['stream_objects']} "
           f"stream objects in {result['tiering']['seconds']} s)."]

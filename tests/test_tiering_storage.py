@@ -208,6 +208,107 @@ async def test_a_stale_coordinator_epoch_is_refused_and_changes_nothing(metadata
             ] == list(range(log.high_watermark))
 
 
+async def test_a_stale_writer_lease_epoch_is_refused_and_changes_nothing(metadata, nursery):
+    """A round handed to a topic's writer-lease holder is fenced by that lease's epoch too,
+    at the begin and at the swap; a coordinator's own round (no writer fence) is refused
+    while somebody holds the topic's writer lease."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 20)
+    rows_before = await index_rows(metadata, topic, 0)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    scope = f"writer/{topic.topic_id}"
+    writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
+    assert writer_epoch is not None
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+
+    async def refused(reason, *args, **kwargs):
+        with pytest.raises(StaleEpoch) as caught:
+            await tiering.write_stream_object(metadata, *args, **kwargs)
+        assert caught.value.reason == reason
+
+    # Refused at the begin: nothing uploaded, nothing recorded.
+    await refused("stale_writer_lease_epoch", objects, epoch, plan,
+                  writer=tiering.WriterFence(1, writer_epoch - 1))
+    await refused("stale_writer_lease_epoch", objects, epoch, plan,
+                  writer=tiering.WriterFence(2, writer_epoch))  # not the holder
+    await refused("writer_lease_held", objects, epoch, plan)  # the coordinator's own round
+    await refused("stale_coordinator_epoch", objects, epoch - 1, plan,
+                  writer=tiering.WriterFence(1, writer_epoch))
+    assert await objects.list("stream/") == [] and await tiering.open_uploads(metadata) == []
+
+    # A round that began under the writer lease, which moved before the swap.
+    class LoseWriterLeaseBeforeSwap:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def create(self, key, data):
+            await self.inner.create(key, data)
+            await metadata.release_lease(scope, 1, writer_epoch)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    await refused("stale_writer_lease_epoch", LoseWriterLeaseBeforeSwap(objects), epoch, plan,
+                  writer=tiering.WriterFence(1, writer_epoch))
+    assert await index_rows(metadata, topic, 0) == rows_before, "the index did not change"
+    (stuck,) = await tiering.open_uploads(metadata)
+
+    # The new tenure of the writer lease tiers the same range; the stuck upload is swept.
+    new_writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
+    assert new_writer_epoch > writer_epoch
+    await refused("stale_writer_lease_epoch", objects, epoch, plan,
+                  writer=tiering.WriterFence(1, writer_epoch))
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan,
+                                            writer=tiering.WriterFence(1, new_writer_epoch))
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    assert await tiering.sweep_uploads(metadata, epoch, 0.0) == [stuck]
+
+    # The writer-lease holder is gone (its lease released or expired): the coordinator's
+    # own round, with no writer fence, tiers the topic.
+    await append(log, [b"later"]).wait(10)
+    await metadata.release_lease(scope, 1, new_writer_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+    await tiering.write_stream_object(metadata, objects, epoch, plan)
+    assert await tiering.backlog(metadata) == (0, 0)
+    assert [o for o, _ in await read_all(_reader(Streams(1, streams.node_epoch, objects,
+                                                         metadata), topic.topic_id, 0,
+                                                 await metadata.stream_state(topic.topic_id, 0)))
+            ] == list(range(log.high_watermark))
+
+
+async def test_assignments_go_to_live_writer_lease_holders(metadata, nursery):
+    """The coordinator's schedule: an assignment names the holder and its writer epoch;
+    one whose holder lost the lease is dropped at the next schedule; a done assignment is
+    forgotten unless the coordinator renewed it since."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 2)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    scope = f"writer/{topic.topic_id}"
+    writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
+    with pytest.raises(StaleEpoch):
+        await tiering.assign(metadata, epoch - 1, [(topic.topic_id, 0, 1, writer_epoch)])
+    assert await tiering.assign(metadata, epoch, [(topic.topic_id, 0, 1, writer_epoch),
+                                                  (topic.topic_id, 1, 1, writer_epoch)]) == 2
+    mine = await tiering.assigned_to(metadata, 1)
+    assert [(a.partition, a.writer_epoch, a.coordinator_epoch) for a in mine] == [
+        (0, writer_epoch, epoch), (1, writer_epoch, epoch)]
+    assert await tiering.assigned_to(metadata, 2) == []
+    await tiering.assign(metadata, epoch, [(topic.topic_id, 1, 1, writer_epoch)])  # renewed
+    await tiering.assignments_done(metadata, 1, mine)
+    assert [a.partition for a in await tiering.assigned_to(metadata, 1)] == [1]
+    await metadata.release_lease(scope, 1, writer_epoch)
+    await tiering.assign(metadata, epoch, [])
+    assert await tiering.assigned_to(metadata, 1) == [], "the holder lost its lease"
+
+
 async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, nursery):
     from mink.storage.objectstore import open_object_store
 
@@ -235,7 +336,7 @@ async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, n
     assert plan.base_offset == 2
     key = await tiering.write_stream_object(metadata, objects, epoch, plan)
     row = await metadata.fetch_one(READ, tiering.SQL_SWAP, (
-        epoch, key, topic.topic_id, 0, plan.base_offset, plan.last_offset, 1, "[]"))
+        epoch, None, None, key, topic.topic_id, 0, plan.base_offset, plan.last_offset, 1, "[]"))
     assert row == ("swapped",)
     assert key not in await lifecycle.due_deletions(metadata, 100)
 
@@ -426,3 +527,91 @@ async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery)
         await reader.read(offset, 1000)
     assert reader.log_start_offset == log.high_watermark
     assert reader.key not in cold.caches._stream_rows, "the gone row is forgotten"
+
+
+async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
+        metadata, nursery, monkeypatch):
+    """A sequential reader of a stream object gets the next blocks fetched in the
+    background, in the same block-aligned ranges every reader asks for: readers of any size
+    share them (each block GET once), at most READ_AHEAD_GETS are in flight, and closing the
+    owner's nursery cancels them."""
+    import types
+
+    import mink.storage.log as log_module
+    from mink.storage.objectstore import open_object_store
+
+    block = 16 * 1024
+    monkeypatch.setattr(log_module, "STREAM_BLOCK_BYTES", block)
+    monkeypatch.setattr(log_module, "READ_AHEAD_GETS", 2)
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 60)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
+    (row,) = await index_rows(metadata, topic, 0)
+    blocks = -(-row.byte_end // block)
+    assert blocks > 8
+    expected = await read_all(log)
+
+    gets: list[tuple[int, int]] = []
+    in_flight_seen: list[int] = []
+
+    class Slow:
+        async def get(self, k, start=0, end=None):
+            if k == key and end is not None:
+                gets.append((start, end))
+                in_flight_seen.append(cold.caches.read_ahead_in_flight)
+            await trio.sleep(0.01)
+            return await objects.get(k, start, end)
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    cold = Streams(1, streams.node_epoch, Slow(), metadata)
+    state = await metadata.stream_state(topic.topic_id, 0)
+    walked = {}
+
+    async def walk(name: str, fetch_bytes: int) -> None:
+        reader = _reader(cold, topic.topic_id, 0, state)
+        offset, got = 0, []
+        while offset < state.committed_end:
+            values = values_of(await reader.read(offset, fetch_bytes))
+            got += values
+            offset = values[-1][0] + 1
+        walked[name] = got
+
+    async with trio.open_nursery() as owner:
+        await owner.start(cold.caches.run_read_ahead)
+        async with trio.open_nursery() as readers:
+            readers.start_soon(walk, "small", 1000)
+            readers.start_soon(walk, "large", 40_000)
+        owner.cancel_scope.cancel()
+    assert walked["small"] == walked["large"] == expected
+    assert all(start % block == 0 and end == min(start + block, row.byte_end)
+               for start, end in gets), "block-aligned ranges only"
+    assert sorted(gets) == sorted(set(gets)), "each block fetched once, shared by everyone"
+    assert len(gets) == blocks
+    assert cold.caches.read_ahead_gets >= blocks // 2, "most blocks were read ahead"
+    assert max(in_flight_seen) <= 2, "read-ahead GETs in flight are bounded"
+
+    # Closing the owner cancels a read-ahead stuck on the store; none is left counted.
+    class Hanging:
+        async def get(self, k, start=0, end=None):
+            await trio.sleep_forever()
+
+    hanging = log_module.ReadCaches(metadata, Hanging(), 0, 1 << 20)
+    fake = types.SimpleNamespace(blocks_read=(0, 0), block_size=block,
+                                 footer=types.SimpleNamespace(data_length=10 * block))
+    with trio.fail_after(5):
+        async with trio.open_nursery() as owner:
+            await owner.start(hanging.run_read_ahead)
+            hanging.read_ahead("k", fake)
+            assert hanging.read_ahead_in_flight == 2
+            await trio.sleep(0.05)
+            owner.cancel_scope.cancel()
+    assert hanging.read_ahead_in_flight == 0 and hanging._loading == {}
+    hanging.read_ahead("k", fake)  # no owner any more: nothing starts
+    assert hanging.read_ahead_in_flight == 0

@@ -46,6 +46,11 @@ _BATCH_POSITION = struct.Struct(">qi")  # baseOffset, batchLength
 # sequential reader reads ahead), their footers kept for this many objects.
 STREAM_BLOCK_BYTES = 1024 * 1024
 FOOTER_CACHE_ENTRIES = 4096
+# Read-ahead of stream objects (ReadCaches.read_ahead): a sequential reader gets this many
+# blocks after the one it read fetched in the background, at most this many such GETs in
+# flight on the node (more are skipped, not queued: the reader then asks itself).
+READ_AHEAD_BLOCKS = 2
+READ_AHEAD_GETS = 8
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 
 
@@ -454,6 +459,12 @@ class ReadCaches:
         # The stream object row each partition was last read from (read_cold).
         self._stream_rows: collections.OrderedDict[tuple[uuid.UUID, int], object] = (
             collections.OrderedDict())
+        # Read-ahead: the nursery its GETs run in (none: no read-ahead), the last block
+        # read of each stream object, the read-ahead GETs in flight.
+        self._read_ahead_nursery: trio.Nursery | None = None
+        self._last_block: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.read_ahead_in_flight = 0
+        self.read_ahead_gets = 0  # read-ahead GETs issued, for tests and benchmarks
 
     def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
         log_.tail.append(chunk)
@@ -503,6 +514,7 @@ class ReadCaches:
                     reader = await self.stream_reader(row)
                     base, last, data = await reader.read(max(offset, row.base_offset),
                                                          max_bytes - size)
+                    self.read_ahead(row.object_key, reader)
                     chunks.append(Chunk(base, last, data))
                     size += len(data)
                     if size >= max_bytes or last < row.last_offset:
@@ -543,6 +555,58 @@ class ReadCaches:
             return await self.get_block(key, start, end)
 
         return StreamObjectReader(footer, block, STREAM_BLOCK_BYTES)
+
+    # -- read-ahead of stream objects -------------------------------------------------------
+
+    async def run_read_ahead(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Host the read-ahead GETs until cancelled (the owner's nursery runs this; its
+        cancellation cancels every read-ahead in flight)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._read_ahead_nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._read_ahead_nursery = None
+
+    def read_ahead(self, key: str, reader: StreamObjectReader) -> None:
+        """After a read of a stream object: if it went on from where the previous read of
+        this object ended (or started at its beginning), fetch the next blocks in the
+        background, the same block-aligned ranges every reader asks for, so they land in
+        the block cache (or are waited on by a reader that needs them first)."""
+        span = reader.blocks_read
+        if span is None:
+            return
+        first, last = span
+        previous = self._last_block.get(key)
+        self._last_block[key] = last
+        self._last_block.move_to_end(key)
+        while len(self._last_block) > FOOTER_CACHE_ENTRIES:
+            self._last_block.popitem(last=False)
+        nursery = self._read_ahead_nursery
+        sequential = (first == 0 if previous is None
+                      else first <= previous + 1 and last >= previous)
+        if nursery is None or not sequential:
+            return
+        size, length = reader.block_size, reader.footer.data_length
+        for n in range(last + 1, last + 1 + READ_AHEAD_BLOCKS):
+            start, end = n * size, min((n + 1) * size, length)
+            if start >= length or self.read_ahead_in_flight >= READ_AHEAD_GETS:
+                break
+            block_key = (key, start, end)
+            if block_key in self._blocks or block_key in self._loading:
+                continue
+            self.read_ahead_in_flight += 1
+            self.read_ahead_gets += 1
+            nursery.start_soon(self._read_ahead_block, key, start, end)
+
+    async def _read_ahead_block(self, key: str, start: int, end: int) -> None:
+        try:
+            await self.get_block(key, start, end)
+        except Exception as exc:  # a reader that needs the block asks again itself
+            log.debug("read-ahead of %s [%d, %d) failed: %r", key, start, end, exc)
+        finally:
+            self.read_ahead_in_flight -= 1
 
     async def batches_reaching(self, row, timestamp: int) -> bytes | memoryview:
         """Batches of an index row from the first whose max timestamp reaches `timestamp`

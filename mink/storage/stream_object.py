@@ -188,6 +188,8 @@ class StreamObjectReader:
         self.block_size = block_size
         self._offsets = [e.offset_delta for e in footer.index]
         self._max_before = [e.max_timestamp_before for e in footer.index]
+        # (first, last) block numbers the reads of this reader asked for (read-ahead).
+        self.blocks_read: tuple[int, int] | None = None
 
     async def _bytes(self, start: int, end: int) -> memoryview:
         """Bytes [start, end) of the data, assembled from whole blocks."""
@@ -196,6 +198,10 @@ class StreamObjectReader:
             return memoryview(b"")
         size = self.block_size
         first, last = start // size, (end - 1) // size
+        if self.blocks_read is None:
+            self.blocks_read = (first, last)
+        else:
+            self.blocks_read = (min(first, self.blocks_read[0]), max(last, self.blocks_read[1]))
         blocks: list[bytes] = [b""] * (last - first + 1)
 
         async def block(n: int) -> None:

@@ -52,7 +52,10 @@ class Streams:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             with self._scope:
-                await self.wal.run(task_status=task_status)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self.caches.run_read_ahead)  # stream object reads
+                    await self.wal.run(task_status=task_status)
+                    nursery.cancel_scope.cancel()
         finally:
             self._close_all()
 

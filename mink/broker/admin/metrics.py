@@ -97,6 +97,15 @@ class NullMetrics:
     def observe_object_store(self, store):
         return store
 
+    def tiering_round(self) -> None:
+        pass
+
+    def tiering_swapped(self, size: int) -> None:
+        pass
+
+    def tiering_refused(self, reason: str) -> None:
+        pass
+
     def exposition(self) -> bytes:
         return b""
 
@@ -150,6 +159,24 @@ class NodeMetrics:
         self._store_errors = Counter("mink_object_store_request_errors",
                                      "Object store requests that failed, per operation.",
                                      ["operation"], registry=registry)
+        # Tiering (mink/broker/cluster/tiering.py): this node's rounds, whether it scheduled
+        # them as the coordinator or ran what was handed to it as a writer-lease holder.
+        self._tiering_rounds = Counter("mink_tiering_rounds",
+                                       "Tiering rounds this node ran (its coordinator "
+                                       "schedule and its writer-lease assignments).",
+                                       registry=registry)
+        self._tiering_objects = Counter("mink_tiering_stream_objects",
+                                        "Stream objects this node wrote and swapped into "
+                                        "the index.", registry=registry)
+        self._tiering_bytes = Counter("mink_tiering_bytes",
+                                      "Bytes of WAL data this node rewrote into stream "
+                                      "objects (swapped).", registry=registry)
+        self._tiering_refused = Counter(
+            "mink_tiering_refused",
+            "Stream objects refused at their begin or swap, per reason "
+            "(stale_coordinator_epoch, stale_writer_lease_epoch, writer_lease_held, "
+            "index_changed, unknown_upload, unknown_partition, invalid_rows).",
+            ["reason"], registry=registry)
         self.storage = _StorageMeters(registry)
         self.lag = ConsumerLag(node)
         registry.register(_NodeStateCollector(self))
@@ -200,6 +227,16 @@ class NodeMetrics:
         children[0].observe(seconds)
         if failed:
             children[1].inc()
+
+    def tiering_round(self) -> None:
+        self._tiering_rounds.inc()
+
+    def tiering_swapped(self, size: int) -> None:
+        self._tiering_objects.inc()
+        self._tiering_bytes.inc(size)
+
+    def tiering_refused(self, reason: str) -> None:
+        self._tiering_refused.labels(reason).inc()
 
     # -- scrape ----------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ hashing): every node computes the same preferences. Each lease has an epoch that
 checks on every write made under it.
 
 Work that writes a partition's stream stays on its leader. Under a writer lease a node keeps
-the topic's statistics (retention, tiering and collection belong here later); partition
+the topic's statistics, applies its retention (`lifecycle.py`) and tiers the partitions the
+coordinator hands it (`tiering.py`); partition
 leases host per-partition work that only reads streams (none yet: KV tablet snapshots).
 """
 

@@ -3,7 +3,9 @@ rewritten into stream objects (`mink/storage/stream_object.py`) and the index ro
 are swapped for one row each (`mink_swap_stream_object`, sql/0011_tiering.sql).
 
 One stream object is one job, every step fenced by the coordinator lease epoch the round
-carries:
+carries and by the topic's writer lease (sql/0014_tiering_writers.sql): a round handed to the
+writer-lease holder carries (its node id, that lease's epoch); a coordinator's own round for a
+topic nobody holds the writer lease of carries none, and is refused once somebody does:
 
 1. begin: the upload is recorded (`stream_object_uploads`) before anything is written, so an
    upload whose round dies is found and deleted later (`sweep_uploads`);
@@ -11,7 +13,7 @@ carries:
    whole batches that follow each other;
 3. the stream object is created (create-if-absent, a key no other attempt uses);
 4. the swap: one transaction replaces exactly the rows read with one row for the object, or
-   refuses (stale coordinator epoch, rows changed by retention meanwhile, partition gone) and
+   refuses (stale coordinator or writer lease epoch, rows changed by retention meanwhile, partition gone) and
    changes nothing in the index. WAL objects whose last row went are released to the
    lifecycle's collection, which deletes them after file.delete.delay.ms.
 
@@ -53,12 +55,22 @@ SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.by
  WHERE b.object_key LIKE 'wal/%%'
  ORDER BY b.topic_id, b.partition, b.base_offset
  LIMIT %(limit)s"""
+# The same, of some partitions only (a writer-lease holder's assignments).
+SQL_WAL_ROWS_OF = """
+SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.byte_start,
+       b.byte_end, coalesce(w.decided_at <= now() - %(min_age)s * interval '1 second', true)
+  FROM unnest(%(topics)s::uuid[], %(partitions)s::int[]) AS a(topic_id, partition)
+  JOIN batch_index AS b ON b.topic_id = a.topic_id AND b.partition = a.partition
+  LEFT JOIN wal_objects AS w ON w.key = b.object_key
+ WHERE b.object_key LIKE 'wal/%%'
+ ORDER BY b.topic_id, b.partition, b.base_offset
+ LIMIT %(limit)s"""
 SQL_BEGIN = """
-SELECT mink_begin_stream_object(%s::bigint, %s::text, %s::uuid, %s::int, %s::bigint,
-                                %s::bigint)"""
+SELECT mink_begin_stream_object(%s::bigint, %s::int, %s::bigint, %s::text, %s::uuid, %s::int,
+                                %s::bigint, %s::bigint)"""
 SQL_SWAP = """
-SELECT mink_swap_stream_object(%s::bigint, %s::text, %s::uuid, %s::int, %s::bigint,
-                               %s::bigint, %s::bigint, %s::jsonb)"""
+SELECT mink_swap_stream_object_fenced(%s::bigint, %s::int, %s::bigint, %s::text, %s::uuid,
+                                      %s::int, %s::bigint, %s::bigint, %s::bigint, %s::jsonb)"""
 SQL_SWEEP = "SELECT mink_sweep_stream_uploads(%s::bigint, %s::float8)"
 SQL_BACKLOG = """
 SELECT count(*), coalesce(sum(byte_end - byte_start), 0) FROM batch_index
@@ -129,10 +141,15 @@ def plan_stream_objects(rows: list[tuple], target_bytes: int) -> list[StreamObje
     return plans
 
 
-async def wal_rows(metadata: MetadataStore, min_age_s: float,
-                   limit: int = PLAN_ROWS) -> list[tuple]:
-    return [tuple(r) for r in await metadata.fetch_all(
-        READ, SQL_WAL_ROWS, {"min_age": min_age_s, "limit": limit})]
+async def wal_rows(metadata: MetadataStore, min_age_s: float, limit: int = PLAN_ROWS,
+                   partitions: list[tuple[uuid.UUID, int]] | None = None) -> list[tuple]:
+    """The rows still in WAL objects (of `partitions` only, if given), in plan order."""
+    if partitions is None:
+        return [tuple(r) for r in await metadata.fetch_all(
+            READ, SQL_WAL_ROWS, {"min_age": min_age_s, "limit": limit})]
+    return [tuple(r) for r in await metadata.fetch_all(READ, SQL_WAL_ROWS_OF, {
+        "min_age": min_age_s, "limit": limit, "topics": [t for t, _ in partitions],
+        "partitions": [p for _, p in partitions]})]
 
 
 async def backlog(metadata: MetadataStore) -> tuple[int, int]:
@@ -172,16 +189,29 @@ async def _read_rows(objects, rows: list[WalRow]) -> list[bytes]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class WriterFence:
+    """The topic's writer lease a handed-over round runs under: its holder and epoch."""
+
+    node_id: int
+    epoch: int
+
+
 async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoch: int,
-                              plan: StreamObjectPlan, *,
+                              plan: StreamObjectPlan, *, writer: WriterFence | None = None,
                               index_interval: int = DEFAULT_INDEX_INTERVAL) -> str:
     """One job: begin, read, upload, swap. Returns the new object's key once swapped;
-    raises TieringRefused (the swap's reason), StaleEpoch (the lease moved: the new holder
-    tiers the range again), or the stores' errors (the upload is swept later)."""
+    raises TieringRefused (the swap's reason), StaleEpoch (a lease moved: its reason says
+    which, 'stale_coordinator_epoch', 'stale_writer_lease_epoch' or 'writer_lease_held';
+    the current holder tiers the range again), or the stores' errors (the upload is swept
+    later). `writer`: the writer lease this round holds; None for a coordinator's round of
+    a topic whose writer lease nobody holds."""
+    writer_node = None if writer is None else writer.node_id
+    writer_epoch = None if writer is None else writer.epoch
     key = stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
                             plan.last_offset, f"{coordinator_epoch}-{secrets.token_hex(4)}")
     await metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
-        coordinator_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
+        coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
         plan.last_offset))
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
     for data in await _read_rows(objects, plan.rows):
@@ -195,12 +225,62 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
              "object_key": r.object_key, "byte_start": r.byte_start, "byte_end": r.byte_end}
             for r in plan.rows]
     row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, (
-        coordinator_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
+        coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
         plan.last_offset, writer.data_length, _json.encode(rows).decode()))
     assert row is not None
     if row[0] != "swapped":
         raise TieringRefused(row[0])
     return key
+
+
+# The coordinator's hand-off of rounds to writer-lease holders (sql/0014_tiering_writers.sql).
+SQL_ASSIGN = "SELECT mink_assign_tiering(%s::bigint, %s::jsonb)"
+SQL_ASSIGNED = """
+SELECT topic_id, partition, writer_epoch, coordinator_epoch, assigned_at
+  FROM tiering_assignments WHERE holder = %s ORDER BY topic_id, partition"""
+SQL_ASSIGNMENTS_DONE = """
+DELETE FROM tiering_assignments AS a
+ USING unnest(%(topics)s::uuid[], %(partitions)s::int[], %(at)s::timestamptz[])
+       AS d(topic_id, partition, assigned_at)
+ WHERE a.topic_id = d.topic_id AND a.partition = d.partition AND a.holder = %(node)s
+   AND a.assigned_at <= d.assigned_at"""
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A partition the coordinator handed to this node, as the holder of its topic's writer
+    lease at `writer_epoch`, under `coordinator_epoch`."""
+
+    topic_id: uuid.UUID
+    partition: int
+    writer_epoch: int
+    coordinator_epoch: int
+    assigned_at: object
+
+
+async def assign(metadata: MetadataStore, coordinator_epoch: int,
+                 assignments: list[tuple[uuid.UUID, int, int, int]]) -> int:
+    """(topic, partition, holder, writer epoch) handed over under the coordinator epoch;
+    assignments of holders that lost their writer lease are dropped."""
+    rows = [{"topic_id": str(t), "partition": p, "holder": h, "writer_epoch": e}
+            for t, p, h, e in assignments]
+    row = await metadata.fetch_one(IDEMPOTENT, SQL_ASSIGN,
+                                   (coordinator_epoch, _json.encode(rows).decode()))
+    assert row is not None
+    return row[0]
+
+
+async def assigned_to(metadata: MetadataStore, node_id: int) -> list[Assignment]:
+    return [Assignment(*r) for r in await metadata.fetch_all(READ, SQL_ASSIGNED, (node_id,))]
+
+
+async def assignments_done(metadata: MetadataStore, node_id: int,
+                           done: list[Assignment]) -> None:
+    """Forget the assignments a round did (unless the coordinator renewed them since)."""
+    if done:
+        await metadata.fetch_all(IDEMPOTENT, SQL_ASSIGNMENTS_DONE + " RETURNING a.partition", {
+            "topics": [a.topic_id for a in done], "partitions": [a.partition for a in done],
+            "at": [a.assigned_at for a in done], "node": node_id})
 
 
 async def sweep_uploads(metadata: MetadataStore, coordinator_epoch: int,
@@ -211,6 +291,6 @@ async def sweep_uploads(metadata: MetadataStore, coordinator_epoch: int,
 
 
 __all__ = [
-    "StreamObjectPlan", "TieringRefused", "WalRow", "backlog", "open_uploads",
+    "Assignment", "assign", "assigned_to", "assignments_done", "StreamObjectPlan", "TieringRefused", "WalRow", "WriterFence", "backlog", "open_uploads",
     "plan_stream_objects", "sweep_uploads", "wal_rows", "write_stream_object",
 ]
