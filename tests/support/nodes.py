@@ -78,7 +78,9 @@ class NodeProcess:
     def address(self) -> str:
         return self.config.advertised_listener or self.config.listener
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 90.0) -> None:
+        # A subprocess node imports and starts in about 2 s on a quiet machine, but took
+        # 15-30 s (and failed at 30 s) with a load average of 12 on two cores.
         env = dict(os.environ)
         for name in Config.__struct_fields__:
             value = getattr(self.config, name)
