@@ -81,7 +81,13 @@ class ConfluentProducer(Worker):
             "enable.idempotence": self.idempotent,
             "acks": "all",
             "linger.ms": 5,
-            "message.timeout.ms": 30000,
+            # The idempotent producer keeps librdkafka's default (300 s). With 30 s, stalls
+            # of 30-50 s (every node self-fencing under clock-pg, kills on a loaded machine)
+            # timed messages out, and librdkafka then bumps its epoch and re-sends batches that
+            # may be stored as new batches from sequence 0 (seeds 633 and 635: 894 and 2,532
+            # duplicates; librdkafka#4953). Kafka's own check takes those too, so they say
+            # nothing about Mink; the stalls themselves are reported as liveness.
+            "message.timeout.ms": 300000 if self.idempotent else 30000,
             "request.timeout.ms": 10000,
             "retry.backoff.ms": 100,
             "max.in.flight.requests.per.connection": 5,
