@@ -87,14 +87,15 @@ def test_too_few_samples_give_no_verdict_rather_than_a_pass():
     assert "ok" not in result["wal_objects"]
 
 
-def counted(values: list[float], rates: list[float]) -> dict:
-    """Samples of wal_objects with the node's object rate given per interval."""
+def counted(values: list[float], rates: list[float], series: str = "wal_objects",
+            inserted: str = "wal_objects_inserted") -> dict:
+    """Samples of a counted series with the rate its rows come at (by default the node's
+    object rate) given per interval."""
     samples, committed = [], 0.0
     for i, (value, rate) in enumerate(zip(values, rates)):
         committed += rate * SAMPLE_S
-        samples.append({"t_s": (i + 1) * SAMPLE_S, "wal_objects": value,
-                        "wal_objects_inserted": round(committed)})
-    return verdict(samples)["wal_objects"]
+        samples.append({"t_s": (i + 1) * SAMPLE_S, series: value, inserted: round(committed)})
+    return verdict(samples)[series]
 
 
 def test_a_count_that_follows_a_rising_object_rate_passes_by_its_window():
@@ -125,12 +126,7 @@ def test_a_leak_fails_by_its_count_and_its_window():
 
 def change_log(values: list[float], rates: list[float]) -> dict:
     """Samples of change_log with the rate versions are written given per interval."""
-    samples, written = [], 0.0
-    for i, (value, rate) in enumerate(zip(values, rates)):
-        written += rate * SAMPLE_S
-        samples.append({"t_s": (i + 1) * SAMPLE_S, "change_log": value,
-                        "change_log_inserted": round(written)})
-    return verdict(samples)["change_log"]
+    return counted(values, rates, "change_log", "change_log_inserted")
 
 
 def test_change_log_that_follows_more_versions_a_second_passes_by_its_window():
