@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from mink.storage.embedded_postgres import free_port
-from tests.support.nodes import NodeProcess, node_config
+from tests.support.nodes import NodeProcess, PortTaken, node_config
 from tests.support.s3 import s3_options
 
 LEASE_TTL = 3.0
@@ -37,8 +37,14 @@ class Cluster:
     def start(self, node_id: int, **overrides) -> NodeProcess:
         previous = self.nodes.get(node_id)
         port = int(previous.address.rsplit(":", 1)[1]) if previous else None
-        process = self.make_process(self.config(node_id, port, **overrides))
-        process.start()
+        for attempt in range(3):
+            process = self.make_process(self.config(node_id, port, **overrides))
+            try:
+                process.start()
+                break
+            except PortTaken:  # a freshly picked port taken meanwhile: pick another
+                if port is not None or attempt == 2:
+                    raise
         self.nodes[node_id] = process
         return process
 

@@ -66,6 +66,10 @@ async def node(mink_postgres, store_url: str, node_settings: dict):
         yield running.bootstrap
 
 
+class PortTaken(RuntimeError):
+    """The node could not bind its listener: another process took the port first."""
+
+
 class NodeProcess:
     """`mink serve` in a subprocess, for tests that kill a node."""
 
@@ -91,16 +95,25 @@ class NodeProcess:
                                         env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         host, port = self.address.rsplit(":", 1)
+        listener = self.config.listener
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"node exited with {self.process.returncode}:\n"
-                                   f"{self.log_path.read_text()[-3000:]}")
+                text = self.log_path.read_text(errors="replace")
+                error = PortTaken if "Address already in use" in text else RuntimeError
+                raise error(f"node exited with {self.process.returncode}:\n{text[-3000:]}")
             try:
                 with socket.create_connection((host, int(port)), timeout=0.2):
-                    return
+                    pass
             except OSError:
                 time.sleep(0.05)
+                continue
+            # Something listens there; it is this node only once its log says so (a port
+            # picked free can be taken by another test's process before the node binds it).
+            if f"listening for Kafka clients on {listener}" in self.log_path.read_text(
+                    errors="replace"):
+                return
+            time.sleep(0.05)
         raise RuntimeError(f"node did not listen within {timeout}s:\n"
                            f"{self.log_path.read_text()[-3000:]}")
 
