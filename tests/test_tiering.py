@@ -308,7 +308,10 @@ async def test_rounds_run_on_the_writer_lease_holders_of_three_nodes(
     series = [await trio.to_thread.run_sync(scrape, a) for a in admins]
     swapped = [s.get("mink_tiering_stream_objects_total{}", 0) for s in series]
     assert sum(1 for n in swapped if n > 0) >= 2, f"swaps per node: {swapped}"
-    assert all(s.get("mink_tiering_rounds_total{}", 0) > 0 for s in series)
+    # A round is counted where there was work to plan or do: on each writer-lease holder
+    # (a third node may hold none of these topics' leases, and then runs no rounds).
+    rounds = [s.get("mink_tiering_rounds_total{}", 0) for s in series]
+    assert all(rounds[n - 1] > 0 for n in set(preferred.values())), f"rounds: {rounds}"
     assert sum(s.get("mink_tiering_bytes_total{}", 0) for s in series) > 0
     for name, (ends, messages_before) in before.items():
         after = await trio.to_thread.run_sync(
