@@ -13,7 +13,12 @@ size, the node's RSS and how many WAL objects were committed so far; every --res
 the produce p99 of that interval and the node's restart time (SIGTERM, start, until Metadata
 shows every partition led: the producer retries through it). Lifecycle timings: retention
 checked every 5 s, file.delete.delay.ms 10 s, lease_ttl 15 s (--lease-ttl), a WAL flush
-delay of 50 ms on both stores (--wal-max-delay-ms; see run_store).
+delay of 50 ms on both stores (--wal-max-delay-ms; see run_store), and a tiering delay of
+20 s (--tiering-delay-ms): rows are tiered from 10 s old on, and those retention deletes
+within the margin of a round (the larger of 10 s and twice the last round) are left to it,
+so tiering runs all along. With the default 60 s and 60 s retention nothing would be tiered:
+the data would be gone by the time it is due. Each sample also says where the store's bytes
+are (WAL objects, indexed stream objects, uploads, queued or unknown; plotted, not judged).
 
 Verdict (`verdict()`, a function of the recorded samples only, so `--judge` re-judges a saved
 run without running it again): over the second half of the run, each series may grow by at
@@ -105,8 +110,20 @@ class NodeProcess:
 
 
 def wait_ready(address: str, deadline: float) -> None:
+    import socket
+
     from confluent_kafka.admin import AdminClient
 
+    # The listener first, by plain connects: a client that finds the port closed backs off
+    # (librdkafka: 100 ms doubling), and a restart measured through it is rounded up by
+    # its backoff, seconds at a time, instead of being the node's.
+    host, port = address.rsplit(":", 1)
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.02)
     while time.monotonic() < deadline:
         try:
             admin = AdminClient({"bootstrap.servers": address, "socket.timeout.ms": 2000,
@@ -196,22 +213,43 @@ class Load:
             consumer.close()
 
 
-def store_usage(store: str, root: Path | None, endpoint: str, prefix: str) -> tuple[int, int]:
+def store_usage(store: str, root: Path | None, endpoint: str, prefix: str) -> dict[str, int]:
+    """Every stored object's key (relative to the node's store root) and size."""
     if store == "file":
         assert root is not None
-        sizes = [p.stat().st_size for p in root.rglob("*") if p.is_file()]
-        return sum(sizes), len(sizes)
+        return {p.relative_to(root).as_posix(): p.stat().st_size
+                for p in root.rglob("*") if p.is_file()}
     client = _boto3_client(endpoint)
-    total = count = 0
+    sizes = {}
     try:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
                                                                      Prefix=prefix + "/"):
             for item in page.get("Contents", ()):
-                total += item["Size"]
-                count += 1
+                sizes[item["Key"][len(prefix) + 1:]] = item["Size"]
     finally:
         client.close()
-    return total, count
+    return sizes
+
+
+def store_breakdown(sizes: dict[str, int], db_url: str) -> dict[str, int]:
+    """Where the store's bytes are, to tell a leak from a swing (plotted, not judged): WAL
+    objects, stream objects the index points at, stream objects being written (an upload
+    row), and the rest: stream objects nothing knows of but a sweep or a delete to come."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        indexed = {k for (k,) in conn.execute(
+            "SELECT DISTINCT object_key FROM batch_index WHERE object_key NOT LIKE 'wal/%'")}
+        uploading = {k for (k,) in conn.execute("SELECT key FROM stream_object_uploads")}
+        deleting = {k for (k,) in conn.execute("SELECT key FROM objects_to_delete")}
+    out = {"store_wal_bytes": 0, "store_indexed_bytes": 0, "store_uploading_bytes": 0,
+           "store_deleting_bytes": 0, "store_unknown_bytes": 0}
+    for key, size in sizes.items():
+        kind = ("wal" if key.startswith("wal/") else "indexed" if key in indexed
+                else "uploading" if key in uploading else "deleting" if key in deleting
+                else "unknown")
+        out[f"store_{kind}_bytes"] += size
+    return out
 
 
 def metadata_sizes(db_url: str) -> dict[str, int]:
@@ -252,7 +290,7 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
     env = dict(os.environ)
     port = free_port()
     env.update({"MINK_NODE_ID": "1", "MINK_LISTENER": f"127.0.0.1:{port}",
-                "MINK_POSTGRES_URL": db_url, "MINK_LOG_LEVEL": "WARNING",
+                "MINK_POSTGRES_URL": db_url, "MINK_LOG_LEVEL": args.log_level,
                 "MINK_LEASE_TTL": str(args.lease_ttl), "MINK_COORDINATOR_TICK": "1",
                 "MINK_LOG_RETENTION_CHECK_INTERVAL_MS": "5000",
                 "MINK_FILE_DELETE_DELAY_MS": "10000", "MINK_NUM_PARTITIONS": str(PARTITIONS),
@@ -260,7 +298,8 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
                 # of 0 a flush starts when the last one ends, so the number of objects a
                 # second (and every series counted in objects or index rows) follows how busy
                 # the shared machine is, not the soak's constant load
-                "MINK_WAL_MAX_DELAY_MS": str(args.wal_max_delay_ms)})
+                "MINK_WAL_MAX_DELAY_MS": str(args.wal_max_delay_ms),
+                "MINK_TIERING_DELAY_MS": str(args.tiering_delay_ms)})
     if store == "file":
         root = tmp / "objects"
         root.mkdir()
@@ -286,10 +325,10 @@ def run_store(store: str, args, tmp: Path, pg: EmbeddedPostgres, moto: Moto | No
     try:
         for i in range(1, int(args.minutes * 60 // args.sample_s) + 1):
             time.sleep(max(0.0, started + i * args.sample_s - time.monotonic()))
-            stored_bytes, stored_objects = store_usage(store, root, moto.endpoint if moto else "",
-                                                       "soak")
+            stored = store_usage(store, root, moto.endpoint if moto else "", "soak")
             sample = {"t_s": round(time.monotonic() - started, 1),
-                      "store_bytes": stored_bytes, "store_objects": stored_objects,
+                      "store_bytes": sum(stored.values()), "store_objects": len(stored),
+                      **store_breakdown(stored, db_url),
                       **metadata_sizes(db_url), "rss_bytes": node.rss_bytes(),
                       "produced": load.produced, "consumed": load.consumed,
                       "produce_errors": load.errors,
@@ -321,7 +360,8 @@ SERIES = ["store_bytes", "store_objects", *TABLES[:GROWING], "database_bytes", "
 # Plotted beside the verdict's series, not judged: the load itself.
 LOAD_SERIES = ["wal_objects_live", "wal_objects_inserted", "change_log_inserted",
                "produce_p99_restart_ms", "consumed", "loadavg_1m",
-               "node_fences"]
+               "node_fences", "store_wal_bytes", "store_indexed_bytes", "store_uploading_bytes",
+               "store_deleting_bytes", "store_unknown_bytes"]
 RATES = {"wal_objects_inserted": "WAL objects committed /s",
          "change_log_inserted": "versions written /s", "consumed": "consumed /s"}
 MAX_GROWTH = 0.10
@@ -575,7 +615,11 @@ def main() -> None:
                         "by a busy machine fences itself")
     parser.add_argument("--wal-max-delay-ms", type=float, default=50,
                         help="the node's WAL flush delay on every store")
+    parser.add_argument("--tiering-delay-ms", type=int, default=20_000)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--log-level", default="WARNING", help="the node's log level")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary folder (node logs, moto's log) and print it")
     parser.add_argument("--judge", type=Path, help="re-judge a saved soak-<stamp>.json")
     args = parser.parse_args()
     if args.judge:
@@ -605,7 +649,10 @@ def main() -> None:
         if pg.running():
             pg.stop("immediate")
         write_report(report, args.out, stamp)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep:
+            print(f"kept: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"results: {args.out}/soak-{stamp}.md")
 
 
