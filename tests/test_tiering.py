@@ -22,7 +22,9 @@ from tests.test_lifecycle import create_topic
 from tests.test_wal import metadata  # noqa: F401  (fixture)
 
 TIMEOUT = 60
-BASE_TS = 1_700_000_000_000
+# An hour ago: well within the default retention (7 days). Rows retention is about to
+# delete are not tiered (TieringWorker.kept_ms), and 2023's would be.
+BASE_TS = (int(time.time()) - 3600) * 1000
 # Tiering within 2 s (rounds every 0.5 s), small stream objects, collection without delay;
 # a job may take 10 s (a loaded machine), an upload left by a killed round goes after 20 s.
 FAST = dict(tiering_delay_ms=2000, tiering_stream_object_bytes=256 * 1024,

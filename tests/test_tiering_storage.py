@@ -156,6 +156,37 @@ async def test_a_round_keeps_every_byte_and_every_answer(metadata, objects, nurs
     assert (await read_all(logs[0]))[-1] == (base, b"after")
 
 
+class DiedAfterUpload(Exception):
+    pass
+
+
+async def upload_of_a_node_that_died(metadata, objects, coordinator_epoch, plan,
+                                     writer=None) -> str:
+    """A job whose node died after its PUT: begun and uploaded, never swapped nor given up
+    (the job's own ending, which gives a failed upload up, never ran). Its key."""
+    class DieAfterPut:
+        async def create(self, key, data):
+            await objects.create(key, data)
+            raise DiedAfterUpload(key)
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    key = tiering.stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
+                                    plan.last_offset, f"{coordinator_epoch}-dead")
+    with pytest.raises(DiedAfterUpload):
+        await tiering._write_and_swap(
+            metadata, DieAfterPut(), coordinator_epoch, plan, key,
+            None if writer is None else writer.node_id,
+            None if writer is None else writer.epoch, tiering.DEFAULT_INDEX_INTERVAL)
+    return key
+
+
+async def given_up(metadata) -> set[str]:
+    return {k for k, reason in await metadata.pending_deletions()
+            if reason == "tiering_abandoned"}
+
+
 async def test_a_stale_coordinator_epoch_is_refused_and_changes_nothing(metadata, nursery):
     from mink.storage.objectstore import open_object_store
 
@@ -185,11 +216,14 @@ async def test_a_stale_coordinator_epoch_is_refused_and_changes_nothing(metadata
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
+    stuck = await upload_of_a_node_that_died(metadata, objects, epoch, plan)
     with pytest.raises(StaleEpoch):
         await tiering.write_stream_object(metadata, LoseLeaseBeforeSwap(objects), epoch, plan)
     assert await index_rows(metadata, topic, 0) == rows_before, "the index did not change"
-    (stuck,) = await tiering.open_uploads(metadata)
-    assert await objects.list("stream/") == [stuck]
+    # The refused job gave its upload up at once; the dead node's stays for the sweep.
+    assert await tiering.open_uploads(metadata) == [stuck]
+    (refused,) = [k for k in await objects.list("stream/") if k != stuck]
+    assert await given_up(metadata) == {refused}
 
     # The new holder tiers the same range again, and sweeps the dead round's upload.
     new_epoch = await coordinator_epoch(metadata, streams.node_epoch)
@@ -201,7 +235,7 @@ async def test_a_stale_coordinator_epoch_is_refused_and_changes_nothing(metadata
     assert await tiering.sweep_uploads(metadata, new_epoch, 0.0) == [stuck]
     assert await tiering.open_uploads(metadata) == []
     await delete_everything_due(metadata, objects)
-    assert await objects.list("stream/") == [key], "the swept upload went, the swapped one stays"
+    assert await objects.list("stream/") == [key], "the others went, the swapped one stays"
     assert [o for o, _ in await read_all(_reader(Streams(1, streams.node_epoch, objects,
                                                          metadata), topic.topic_id, 0,
                                                  await metadata.stream_state(topic.topic_id, 0)))
@@ -253,10 +287,13 @@ async def test_a_stale_writer_lease_epoch_is_refused_and_changes_nothing(metadat
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
+    stuck = await upload_of_a_node_that_died(metadata, objects, epoch, plan,
+                                             writer=tiering.WriterFence(1, writer_epoch))
     await refused("stale_writer_lease_epoch", LoseWriterLeaseBeforeSwap(objects), epoch, plan,
                   writer=tiering.WriterFence(1, writer_epoch))
     assert await index_rows(metadata, topic, 0) == rows_before, "the index did not change"
-    (stuck,) = await tiering.open_uploads(metadata)
+    assert await tiering.open_uploads(metadata) == [stuck], "the refused job gave its up"
+    assert len(await given_up(metadata)) == 1
 
     # The new tenure of the writer lease tiers the same range; the stuck upload is swept.
     new_writer_epoch = await metadata.acquire_lease(scope, 1, streams.node_epoch, ttl_s=60)
@@ -615,3 +652,87 @@ async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
     assert hanging.read_ahead_in_flight == 0 and hanging._loading == {}
     hanging.read_ahead("k", fake)  # no owner any more: nothing starts
     assert hanging.read_ahead_in_flight == 0
+
+
+async def test_a_job_that_fails_or_is_cancelled_gives_its_upload_up(metadata, nursery):
+    """Short of its swap, a job forgets its upload at once (queued for deletion), whether
+    a store read failed (the store's own error, not an exception group) or the job was
+    cancelled mid-upload (a node shutting down); the sweep is left nothing to find."""
+    from mink.storage.objectstore import ObjectNotFound, open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 10)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+
+    class MissingWalObject:
+        async def get(self, key, start=0, end=None):
+            if key == plan.rows[-1].object_key:
+                raise ObjectNotFound(key)
+            return await objects.get(key, start, end)
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    with pytest.raises(ObjectNotFound):
+        await tiering.write_stream_object(metadata, MissingWalObject(), epoch, plan)
+    assert await tiering.open_uploads(metadata) == []
+    assert len(await given_up(metadata)) == 1
+
+    stored = trio.Event()
+
+    class HangsAfterPut:
+        async def create(self, key, data):
+            await objects.create(key, data)
+            stored.set()
+            await trio.sleep_forever()
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    async def job(task_status=trio.TASK_STATUS_IGNORED):
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await tiering.write_stream_object(metadata, HangsAfterPut(), epoch, plan)
+
+    scope = await nursery.start(job)
+    with trio.fail_after(10):
+        await stored.wait()
+    (uploaded,) = await objects.list("stream/")
+    assert await tiering.open_uploads(metadata) == [uploaded]
+    scope.cancel()
+    with trio.fail_after(10):
+        while await tiering.open_uploads(metadata):
+            await trio.sleep(0.01)
+    assert uploaded in await given_up(metadata)
+    assert await tiering.sweep_uploads(metadata, epoch, 0.0) == []
+    assert all(not is_stream_object(r.object_key) for r in await index_rows(metadata, topic, 0))
+
+
+async def test_rows_retention_is_about_to_delete_are_not_planned(metadata, objects, nursery):
+    """`kept_ms`: of a topic with retention, rows whose running max timestamp leaves them
+    less than that long before retention deletes them are left out of the plan (a plan
+    starting there would be refused whole, index_changed, once retention ran)."""
+    import time
+
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    now_ms = int(time.time() * 1000)
+    for age_s in (600, 500, 400, 100, 0):
+        await append(log, [b"%d s old" % age_s], now_ms - age_s * 1000).wait(10)
+    everything = await tiering.wal_rows(metadata, 0.0)
+    assert [r[2] for r in everything] == [0, 1, 2, 3, 4]
+    # Only rows newer than 300 s (say retention 700 s less a 400 s margin): the 400, 500
+    # and 600 s old ones are left out.
+    kept = await tiering.wal_rows(metadata, 0.0, kept_ms={topic.topic_id: 300_000})
+    assert [r[2] for r in kept] == [3, 4]
+    assert await tiering.wal_rows(metadata, 0.0, partitions=[(topic.topic_id, 0)],
+                                  kept_ms={topic.topic_id: 300_000}) == kept
+    other = await make_topic(metadata, 1, name="other")
+    assert await tiering.wal_rows(metadata, 0.0, kept_ms={other.topic_id: 0}) == everything
+    # A margin past the retention itself: nothing is worth tiering.
+    assert await tiering.wal_rows(metadata, 0.0, kept_ms={topic.topic_id: -1000}) == []

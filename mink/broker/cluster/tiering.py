@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import trio
 
 from mink.broker.cluster.leases import writer_scope
+from mink.broker.topics.config import InvalidConfig, effective_topic_setting
 from mink.storage import controlplane as md
 from mink.storage.lifecycle import tiering
 from mink.storage.objectstore import ObjectStoreError
@@ -104,6 +105,7 @@ class TieringWorker:
         self.stream_objects = 0
         self.bytes_tiered = 0
         self.refused: dict[str, int] = {}  # reason -> swaps (or begins) refused
+        self.last_jobs_s = 0.0  # how long the last round's jobs took, together
 
     @property
     def interval(self) -> float:
@@ -122,6 +124,24 @@ class TieringWorker:
                 except Exception:  # a lifecycle loop's trouble must never take the node down
                     log.exception("tiering round failed")
 
+    def kept_ms(self) -> dict[uuid.UUID, int]:
+        """Per topic with a retention.ms: how long a row must still be kept to be planned.
+        A round takes time (the last one's jobs: `last_jobs_s`); rows retention deletes
+        meanwhile would have the swap refused whole, and a round that lags retention would
+        be refused every time. So rows within a margin of retention wait for retention
+        instead: the delay's share, or twice the last round's time, if longer."""
+        config = self.node.config
+        margin_ms = max(config.tiering_delay_ms / 2, 2000 * self.last_jobs_s)
+        kept: dict[uuid.UUID, int] = {}
+        for topic in self.node.view.topics.values():
+            try:
+                retention_ms = effective_topic_setting(topic.config, "retention.ms", config)
+            except InvalidConfig:  # validated when stored; retention skips it too
+                continue
+            if retention_ms >= 0:
+                kept[topic.topic_id] = int(retention_ms - margin_ms)
+        return kept
+
     async def schedule_round(self) -> dict[str, object]:
         """On the coordinator lease holder: plan every partition's due rows; hand those of
         topics with a live other writer-lease holder to it, tier the rest here."""
@@ -131,7 +151,8 @@ class TieringWorker:
         if epoch is None or not node.membership.leading:
             return result.as_dict()
         plans = tiering.plan_stream_objects(
-            await tiering.wal_rows(node.metadata, config.tiering_delay_ms / 2000),
+            await tiering.wal_rows(node.metadata, config.tiering_delay_ms / 2000,
+                                   kept_ms=self.kept_ms()),
             config.tiering_stream_object_bytes)
         writers = {lease.scope: (lease.holder, lease.epoch)
                    for lease in await node.metadata.leases("writer/")
@@ -164,7 +185,7 @@ class TieringWorker:
         by_partition = {(a.topic_id, a.partition): a for a in assignments}
         plans = tiering.plan_stream_objects(
             await tiering.wal_rows(node.metadata, config.tiering_delay_ms / 2000,
-                                   partitions=list(by_partition)),
+                                   partitions=list(by_partition), kept_ms=self.kept_ms()),
             config.tiering_stream_object_bytes)
         jobs = []
         for plan in plans:
@@ -223,10 +244,13 @@ class TieringWorker:
                                 plan.topic_id, plan.partition, plan.base_offset,
                                 plan.last_offset, repr(exc))
 
+        started = trio.current_time()
         with trio.CancelScope() as fenced:
             async with trio.open_nursery() as nursery:
                 for j in jobs:
                     nursery.start_soon(job, j, fenced)
+        if jobs:
+            self.last_jobs_s = trio.current_time() - started
 
     def _account(self, result: RoundResult, under: str) -> None:
         self.rounds += 1

@@ -7,14 +7,15 @@ carries and by the topic's writer lease (sql/0014_tiering_writers.sql): a round 
 writer-lease holder carries (its node id, that lease's epoch); a coordinator's own round for a
 topic nobody holds the writer lease of carries none, and is refused once somebody does:
 
-1. begin: the upload is recorded (`stream_object_uploads`) before anything is written, so an
-   upload whose round dies is found and deleted later (`sweep_uploads`);
+1. begin: the upload is recorded (`stream_object_uploads`) before anything is written; a
+   job that ends short of its swap (refused, failed, cancelled) gives it up at once, and
+   the upload of a node that died is found and deleted later (`sweep_uploads`);
 2. the rows' byte ranges are read from their WAL objects (ranged GETs) and checked to be
    whole batches that follow each other;
 3. the stream object is created (create-if-absent, a key no other attempt uses);
 4. the swap: one transaction replaces exactly the rows read with one row for the object, or
-   refuses (stale coordinator or writer lease epoch, rows changed by retention meanwhile, partition gone) and
-   changes nothing in the index. WAL objects whose last row went are released to the
+   refuses (stale coordinator or writer lease epoch, rows changed by retention meanwhile,
+   partition gone) and changes nothing in the index. WAL objects whose last row went are released to the
    lifecycle's collection, which deletes them after file.delete.delay.ms.
 
 Nothing here deletes an object: a refused or abandoned upload goes to objects_to_delete, and
@@ -47,12 +48,22 @@ PLAN_ROWS = 20_000
 # Ranged GETs in flight for one stream object.
 READ_CONCURRENCY = 8
 
+# Rows retention is about to delete are left out (`kept_ms`: topic -> how long a row stays
+# tiered before retention may take it; rows whose running max timestamp is older than now
+# minus that are skipped): a plan starting there would lose its first rows to retention
+# before its swap and be refused whole (index_changed), round after round.
+_EXPIRING = """
+  LEFT JOIN unnest(%(kept_topics)s::uuid[], %(kept_ms)s::bigint[]) AS k(topic_id, ms)
+         ON k.topic_id = b.topic_id"""
+_NOT_EXPIRING = """
+   AND (k.ms IS NULL OR b.running_max_timestamp
+                        >= (extract(epoch FROM now()) * 1000)::bigint - k.ms)"""
 SQL_WAL_ROWS = """
 SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.byte_start,
        b.byte_end, coalesce(w.decided_at <= now() - %(min_age)s * interval '1 second', true)
   FROM batch_index AS b
-  LEFT JOIN wal_objects AS w ON w.key = b.object_key
- WHERE b.object_key LIKE 'wal/%%'
+  LEFT JOIN wal_objects AS w ON w.key = b.object_key""" + _EXPIRING + """
+ WHERE b.object_key LIKE 'wal/%%'""" + _NOT_EXPIRING + """
  ORDER BY b.topic_id, b.partition, b.base_offset
  LIMIT %(limit)s"""
 # The same, of some partitions only (a writer-lease holder's assignments).
@@ -61,8 +72,8 @@ SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.by
        b.byte_end, coalesce(w.decided_at <= now() - %(min_age)s * interval '1 second', true)
   FROM unnest(%(topics)s::uuid[], %(partitions)s::int[]) AS a(topic_id, partition)
   JOIN batch_index AS b ON b.topic_id = a.topic_id AND b.partition = a.partition
-  LEFT JOIN wal_objects AS w ON w.key = b.object_key
- WHERE b.object_key LIKE 'wal/%%'
+  LEFT JOIN wal_objects AS w ON w.key = b.object_key""" + _EXPIRING + """
+ WHERE b.object_key LIKE 'wal/%%'""" + _NOT_EXPIRING + """
  ORDER BY b.topic_id, b.partition, b.base_offset
  LIMIT %(limit)s"""
 SQL_BEGIN = """
@@ -76,6 +87,20 @@ SQL_BACKLOG = """
 SELECT count(*), coalesce(sum(byte_end - byte_start), 0) FROM batch_index
  WHERE object_key LIKE 'wal/%'"""
 SQL_UPLOADS = "SELECT key FROM stream_object_uploads ORDER BY key"
+# A job that ends without its swap forgets its own upload at once instead of leaving it to
+# the sweep (tiering_upload_timeout_ms later): the row goes, the object is queued unless an
+# index row uses it (a swap that did commit). A swap still running in PostgreSQL holds the
+# row's lock, so this waits for it and then finds nothing. Needs no fence: an upload given
+# up is never swapped (its swap finds no row: unknown_upload).
+SQL_ABANDON = """
+WITH gone AS (DELETE FROM stream_object_uploads WHERE key = %s RETURNING key)
+INSERT INTO objects_to_delete (key, reason)
+SELECT g.key, 'tiering_abandoned' FROM gone AS g
+ WHERE NOT EXISTS (SELECT 1 FROM batch_index AS b WHERE b.object_key = g.key)
+ON CONFLICT (key) DO NOTHING
+RETURNING key"""
+# How long a job's end waits for that (shielded, also when the node shuts down).
+ABANDON_TIMEOUT_S = 2.0
 
 _json = msgspec.json.Encoder()
 
@@ -142,13 +167,17 @@ def plan_stream_objects(rows: list[tuple], target_bytes: int) -> list[StreamObje
 
 
 async def wal_rows(metadata: MetadataStore, min_age_s: float, limit: int = PLAN_ROWS,
-                   partitions: list[tuple[uuid.UUID, int]] | None = None) -> list[tuple]:
-    """The rows still in WAL objects (of `partitions` only, if given), in plan order."""
+                   partitions: list[tuple[uuid.UUID, int]] | None = None,
+                   kept_ms: dict[uuid.UUID, int] | None = None) -> list[tuple]:
+    """The rows still in WAL objects (of `partitions` only, if given), in plan order; of
+    the topics in `kept_ms`, only rows retention keeps for at least that long still."""
+    kept = kept_ms or {}
+    params = {"min_age": min_age_s, "limit": limit, "kept_topics": list(kept),
+              "kept_ms": list(kept.values())}
     if partitions is None:
-        return [tuple(r) for r in await metadata.fetch_all(
-            READ, SQL_WAL_ROWS, {"min_age": min_age_s, "limit": limit})]
+        return [tuple(r) for r in await metadata.fetch_all(READ, SQL_WAL_ROWS, params)]
     return [tuple(r) for r in await metadata.fetch_all(READ, SQL_WAL_ROWS_OF, {
-        "min_age": min_age_s, "limit": limit, "topics": [t for t, _ in partitions],
+        **params, "topics": [t for t, _ in partitions],
         "partitions": [p for _, p in partitions]})]
 
 
@@ -172,20 +201,29 @@ class TieringRefused(Exception):
 
 
 async def _read_rows(objects, rows: list[WalRow]) -> list[bytes]:
+    """The rows' bytes, read concurrently. The first failure is raised as itself (not in an
+    exception group, so the job's handlers see the store's error) and cancels the rest."""
     out: list[bytes] = [b""] * len(rows)
     limiter = trio.CapacityLimiter(READ_CONCURRENCY)
+    failed: list[Exception] = []
 
-    async def one(i: int, row: WalRow) -> None:
-        async with limiter:
-            data = await objects.get(row.object_key, row.byte_start, row.byte_end)
-        if len(data) != row.size:
-            raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
-                                 f"[{row.byte_start}, {row.byte_end})")
-        out[i] = data
+    async def one(i: int, row: WalRow, reads: trio.CancelScope) -> None:
+        try:
+            async with limiter:
+                data = await objects.get(row.object_key, row.byte_start, row.byte_end)
+            if len(data) != row.size:
+                raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
+                                     f"[{row.byte_start}, {row.byte_end})")
+            out[i] = data
+        except Exception as exc:  # noqa: BLE001 - raised below, the first one only
+            failed.append(exc)
+            reads.cancel()
 
     async with trio.open_nursery() as nursery:
         for i, row in enumerate(rows):
-            nursery.start_soon(one, i, row)
+            nursery.start_soon(one, i, row, nursery.cancel_scope)
+    if failed:
+        raise failed[0]
     return out
 
 
@@ -203,16 +241,32 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
     """One job: begin, read, upload, swap. Returns the new object's key once swapped;
     raises TieringRefused (the swap's reason), StaleEpoch (a lease moved: its reason says
     which, 'stale_coordinator_epoch', 'stale_writer_lease_epoch' or 'writer_lease_held';
-    the current holder tiers the range again), or the stores' errors (the upload is swept
-    later). `writer`: the writer lease this round holds; None for a coordinator's round of
+    the current holder tiers the range again), or the stores' errors. Whatever ends a job
+    short of its swap, cancellation included, gives its upload up at once (SQL_ABANDON); the
+    sweep is left the uploads of nodes that died. `writer`: the writer lease this round holds; None for a coordinator's round of
     a topic whose writer lease nobody holds."""
     writer_node = None if writer is None else writer.node_id
     writer_epoch = None if writer is None else writer.epoch
     key = stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
                             plan.last_offset, f"{coordinator_epoch}-{secrets.token_hex(4)}")
+    try:
+        return await _write_and_swap(metadata, objects, coordinator_epoch, plan, key,
+                                     writer_node, writer_epoch, index_interval)
+    except BaseException:  # refused, failed or cancelled: this upload will never be swapped
+        with trio.CancelScope(shield=True), trio.move_on_after(ABANDON_TIMEOUT_S):
+            try:
+                await metadata.fetch_all(IDEMPOTENT, SQL_ABANDON, (key,))
+            except Exception as exc:  # noqa: BLE001 - the sweep gets it later
+                log.info("stream object upload %s left to the sweep: %r", key, exc)
+        raise
+
+
+async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: int,
+                          plan: StreamObjectPlan, key: str, writer_node: int | None,
+                          writer_epoch: int | None, index_interval: int) -> str:
     await metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
-        coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
-        plan.last_offset))
+        coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition,
+        plan.base_offset, plan.last_offset))
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
     for data in await _read_rows(objects, plan.rows):
         writer.add(data)
@@ -225,8 +279,8 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
              "object_key": r.object_key, "byte_start": r.byte_start, "byte_end": r.byte_end}
             for r in plan.rows]
     row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, (
-        coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition, plan.base_offset,
-        plan.last_offset, writer.data_length, _json.encode(rows).decode()))
+        coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition,
+        plan.base_offset, plan.last_offset, writer.data_length, _json.encode(rows).decode()))
     assert row is not None
     if row[0] != "swapped":
         raise TieringRefused(row[0])
