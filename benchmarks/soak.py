@@ -234,14 +234,17 @@ def store_usage(store: str, root: Path | None, endpoint: str, prefix: str) -> di
 def store_breakdown(sizes: dict[str, int], db_url: str) -> dict[str, int]:
     """Where the store's bytes are, to tell a leak from a swing (plotted, not judged): WAL
     objects, stream objects the index points at, stream objects being written (an upload
-    row), and the rest: stream objects nothing knows of but a sweep or a delete to come."""
+    row), those on their way out (unreferenced or queued for deletion), and the rest:
+    objects no table knows of (listed just before their row was written, or leaked)."""
     import psycopg
 
     with psycopg.connect(db_url, autocommit=True) as conn:
         indexed = {k for (k,) in conn.execute(
             "SELECT DISTINCT object_key FROM batch_index WHERE object_key NOT LIKE 'wal/%'")}
         uploading = {k for (k,) in conn.execute("SELECT key FROM stream_object_uploads")}
-        deleting = {k for (k,) in conn.execute("SELECT key FROM objects_to_delete")}
+        # unreferenced (waiting out file.delete.delay.ms) or queued for deletion
+        deleting = {k for (k,) in conn.execute(
+            "SELECT key FROM objects_to_delete UNION SELECT key FROM unreferenced_objects")}
     out = {"store_wal_bytes": 0, "store_indexed_bytes": 0, "store_uploading_bytes": 0,
            "store_deleting_bytes": 0, "store_unknown_bytes": 0}
     for key, size in sizes.items():

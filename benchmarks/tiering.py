@@ -27,9 +27,11 @@ expensive. Results: `<out>/tiering-<timestamp>.json` and `.md`.
 flight per partition, the WAL of a file:// node: flush as soon as the previous one is done)
 for alternating phases of `--phase-s` seconds, `--phases` of each; in the "on" phases
 tiering rounds run beside them in the same process (as on a leader that is also the writer-
-lease holder, the worst case), every `--round-interval-s` (0.25 s), every row due at once,
-256 KiB stream objects
-(so every round swaps rows of every partition the leader is committing to). Reported: the
+lease holder, the worst case), every `--round-interval-s` (0.25 s), every row due at once
+(`--due-after-s` 0), 256 KiB stream objects (`--stream-object-kib`): so every round swaps
+rows of every partition the leader is committing to. A node's own pace, for comparison:
+`--round-interval-s 15 --due-after-s 30 --stream-object-kib 32768` (the defaults of
+tiering_delay_ms and tiering_stream_object_bytes), with phases of a minute or more. Reported: the
 latency from append to durable (uploaded and committed) p50 / p99 / p99.9 / max per mode,
 errors, stream objects swapped. Results: `<out>/tiering-commit-latency-<timestamp>.json`.
 """
@@ -288,7 +290,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                     limiter = trio.CapacityLimiter(4)
                     while True:
                         plans = tiering.plan_stream_objects(
-                            await tiering.wal_rows(metadata, 0.0), 256 * 1024)
+                            await tiering.wal_rows(metadata, args.due_after_s),
+                            args.stream_object_kib * 1024)
 
                         async def job(plan) -> None:
                             async with limiter:
@@ -352,7 +355,9 @@ def main_commit_latency(args, argv) -> int:
     off, on = result["off"], result["on"]
     md = [f"# Tiering beside a leader's commits {stamp}", "", f"`{result['command']}`", "",
           f"{args.partitions} partitions, a ~4 KiB batch every {args.append_interval_ms} ms "
-          f"each, tiering rounds every {args.round_interval_s} s, {args.phases} phases of {args.phase_s} s per mode, alternating; load "
+          f"each, tiering rounds every {args.round_interval_s} s (rows due from "
+          f"{args.due_after_s} s, stream objects of {args.stream_object_kib} KiB), "
+          f"{args.phases} phases of {args.phase_s} s per mode, alternating; load "
           f"average {result['load_average'][0][0]:.1f} -> {result['load_average'][1][0]:.1f}.",
           "", "| append to durable | tiering off | tiering on |", "| --- | ---: | ---: |",
           *[f"| {k} | {off.get(k)} | {on.get(k)} |"
@@ -383,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="commit-latency: phases of each mode (off, on, off, on, ...)")
     parser.add_argument("--append-interval-ms", type=float, default=20.0,
                         help="commit-latency: pause between one partition's appends")
+    parser.add_argument("--due-after-s", type=float, default=0.0,
+                        help="commit-latency: rows are due this old (a node: the tiering "
+                             "delay's half, 30 s by default)")
+    parser.add_argument("--stream-object-kib", type=int, default=256,
+                        help="commit-latency: stream object target (a node's: 32768)")
     parser.add_argument("--round-interval-s", type=float, default=0.25,
                         help="commit-latency: pause between tiering rounds")
     args = parser.parse_args(argv)

@@ -15,8 +15,8 @@ topic nobody holds the writer lease of carries none, and is refused once somebod
 3. the stream object is created (create-if-absent, a key no other attempt uses);
 4. the swap: one transaction replaces exactly the rows read with one row for the object, or
    refuses (stale coordinator or writer lease epoch, rows changed by retention meanwhile,
-   partition gone) and changes nothing in the index. WAL objects whose last row went are released to the
-   lifecycle's collection, which deletes them after file.delete.delay.ms.
+   partition gone) and changes nothing in the index. WAL objects whose last row went are
+   released to the lifecycle's collection, which deletes them after file.delete.delay.ms.
 
 Nothing here deletes an object: a refused or abandoned upload goes to objects_to_delete, and
 only an object no index row uses is ever queued. The broker's loop that schedules rounds on
@@ -48,10 +48,10 @@ PLAN_ROWS = 20_000
 # Ranged GETs in flight for one stream object.
 READ_CONCURRENCY = 8
 
-# Rows retention is about to delete are left out (`kept_ms`: topic -> how long a row stays
-# tiered before retention may take it; rows whose running max timestamp is older than now
-# minus that are skipped): a plan starting there would lose its first rows to retention
-# before its swap and be refused whole (index_changed), round after round.
+# Rows retention is about to delete are left out (`kept_ms`: topic -> a row is planned only
+# if its running max timestamp is at most that old, i.e. retention keeps it long enough
+# for a round): a plan starting at such a row would lose its first rows to retention before
+# its swap and be refused whole (index_changed), round after round.
 _EXPIRING = """
   LEFT JOIN unnest(%(kept_topics)s::uuid[], %(kept_ms)s::bigint[]) AS k(topic_id, ms)
          ON k.topic_id = b.topic_id"""
@@ -242,9 +242,10 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
     raises TieringRefused (the swap's reason), StaleEpoch (a lease moved: its reason says
     which, 'stale_coordinator_epoch', 'stale_writer_lease_epoch' or 'writer_lease_held';
     the current holder tiers the range again), or the stores' errors. Whatever ends a job
-    short of its swap, cancellation included, gives its upload up at once (SQL_ABANDON); the
-    sweep is left the uploads of nodes that died. `writer`: the writer lease this round holds; None for a coordinator's round of
-    a topic whose writer lease nobody holds."""
+    short of its swap, cancellation included, gives its upload up at once (SQL_ABANDON);
+    the sweep is left the uploads of nodes that died. `writer`: the writer lease this
+    round holds; None for a coordinator's round of a topic whose writer lease nobody
+    holds."""
     writer_node = None if writer is None else writer.node_id
     writer_epoch = None if writer is None else writer.epoch
     key = stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
@@ -345,6 +346,7 @@ async def sweep_uploads(metadata: MetadataStore, coordinator_epoch: int,
 
 
 __all__ = [
-    "Assignment", "assign", "assigned_to", "assignments_done", "StreamObjectPlan", "TieringRefused", "WalRow", "WriterFence", "backlog", "open_uploads",
-    "plan_stream_objects", "sweep_uploads", "wal_rows", "write_stream_object",
+    "Assignment", "StreamObjectPlan", "TieringRefused", "WalRow", "WriterFence", "assign",
+    "assigned_to", "assignments_done", "backlog", "open_uploads", "plan_stream_objects",
+    "sweep_uploads", "wal_rows", "write_stream_object",
 ]
