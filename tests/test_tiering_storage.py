@@ -93,6 +93,21 @@ async def coordinator_epoch(metadata, node_epoch: int) -> int:
     return epoch
 
 
+async def one_partition_plan(metadata, nursery, rounds: int, target_bytes: int):
+    """A memory:// store; a one-partition topic led by a started node, `rounds` of appends;
+    the coordinator lease's epoch and the partition's one plan."""
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], rounds)
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), target_bytes)
+    return objects, topic, streams, log, epoch, plan
+
+
 async def stats(metadata, topic):
     return await metadata.fetch_all(READ, """
         SELECT partition, indexed_bytes, index_rows FROM partition_stats
@@ -402,16 +417,10 @@ async def test_a_cold_fetch_of_a_stream_object_reads_its_footer_and_a_block(
     """One small ranged GET for the footer (cached after), then block-aligned ranges: never
     the whole object for a small Fetch."""
     import mink.storage.log as log_module
-    from mink.storage.objectstore import open_object_store
 
     monkeypatch.setattr(log_module, "STREAM_BLOCK_BYTES", 16 * 1024)
-    objects = open_object_store("memory://")
-    topic = await make_topic(metadata, 1)
-    streams = await Node(metadata, objects, 1).start(nursery)
-    log = await streams.open(topic.topic_id, 0, 0)
-    await produce([log], 80)
-    epoch = await coordinator_epoch(metadata, streams.node_epoch)
-    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    objects, topic, streams, log, epoch, plan = await one_partition_plan(
+        metadata, nursery, 80, 100 << 20)
     key = await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
     (row,) = await index_rows(metadata, topic, 0)
     assert row.byte_end > 200_000
@@ -658,15 +667,9 @@ async def test_a_job_that_fails_or_is_cancelled_gives_its_upload_up(metadata, nu
     """Short of its swap, a job forgets its upload at once (queued for deletion), whether
     a store read failed (the store's own error, not an exception group) or the job was
     cancelled mid-upload (a node shutting down); the sweep is left nothing to find."""
-    from mink.storage.objectstore import ObjectNotFound, open_object_store
+    from mink.storage.objectstore import ObjectNotFound
 
-    objects = open_object_store("memory://")
-    topic = await make_topic(metadata, 1)
-    streams = await Node(metadata, objects, 1).start(nursery)
-    log = await streams.open(topic.topic_id, 0, 0)
-    await produce([log], 10)
-    epoch = await coordinator_epoch(metadata, streams.node_epoch)
-    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
+    objects, topic, _, _, epoch, plan = await one_partition_plan(metadata, nursery, 10, 10 << 20)
 
     class MissingWalObject:
         async def get(self, key, start=0, end=None):

@@ -147,21 +147,24 @@ def plan_stream_objects(rows: list[tuple], target_bytes: int) -> list[StreamObje
     than the delay's share); the last, young, small group of a partition waits."""
     plans: list[StreamObjectPlan] = []
     current: StreamObjectPlan | None = None
+    current_bytes = 0  # current.size, kept as rows are added (summing each time: quadratic)
     for topic_id, partition, base, last, key, start, end, due in rows:
         row = WalRow(base, last, key, start, end)
         same_partition = (current is not None and current.topic_id == topic_id
                           and current.partition == partition)
         if (same_partition and current.rows[-1].last_offset + 1 == base
-                and current.size + row.size <= target_bytes):
+                and current_bytes + row.size <= target_bytes):
             current.rows.append(row)
             current.due = current.due or due
+            current_bytes += row.size
             continue
         if current is not None:
             # full, or cut by a gap (retention moved on meanwhile): tiered if it holds anything
             if same_partition or current.due:
                 plans.append(current)
         current = StreamObjectPlan(topic_id, partition, [row], due)
-    if current is not None and (current.due or current.size >= target_bytes):
+        current_bytes = row.size
+    if current is not None and (current.due or current_bytes >= target_bytes):
         plans.append(current)
     return plans
 
