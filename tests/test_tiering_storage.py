@@ -715,6 +715,55 @@ async def test_a_job_that_fails_or_is_cancelled_gives_its_upload_up(metadata, nu
     assert all(not is_stream_object(r.object_key) for r in await index_rows(metadata, topic, 0))
 
 
+def test_rows_are_read_in_chunks_within_both_bounds():
+    rows = [tiering.WalRow(i, i, f"k{i}", 0, size) for i, size in
+            enumerate([10, 10, 10, 50, 10, 200, 10])]
+    assert [list(c) for c in tiering._chunks(rows, 3, 100)] == [[0, 1, 2], [3, 4], [5], [6]]
+    assert [list(c) for c in tiering._chunks(rows, 10, 1000)] == [list(range(7))]
+    assert tiering._chunks([], 3, 100) == []
+
+
+async def test_a_job_reads_a_file_stores_rows_in_chunks_not_a_get_per_row(
+        metadata, nursery, tmp_path, monkeypatch):
+    """A row is one WAL flush of one partition, often one small batch: on file:// a job
+    reads them through the store's batched gets, a few worker-thread hops for the whole
+    plan rather than a task and a hop per row, and the object is the same."""
+    from mink.storage.objectstore import open_object_store
+
+    files = open_object_store(tmp_path.as_uri())
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, files, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 40)
+    before = values_of(await log.read(0, 100 << 20))
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+    assert len(plan.rows) > 2 * tiering.CHUNK_CONCURRENCY
+    calls = {"get": 0, "get_ranges": 0}
+
+    class Counting:
+        async def get(self, key, start=0, end=None):
+            calls["get"] += 1
+            return await files.get(key, start, end)
+
+        async def get_ranges(self, ranges):
+            calls["get_ranges"] += 1
+            return await files.get_ranges(ranges)
+
+        def __getattr__(self, name):
+            return getattr(files, name)
+
+    monkeypatch.setattr(tiering, "CHUNK_RANGES", 7)  # several chunks, two in flight
+    chunks = tiering._chunks(plan.rows, tiering.CHUNK_RANGES, tiering.CHUNK_BYTES)
+    assert len(chunks) > tiering.CHUNK_CONCURRENCY
+    key = await tiering.write_stream_object(metadata, Counting(), epoch, plan)
+    assert calls == {"get": 0, "get_ranges": len(chunks)} and len(chunks) < len(plan.rows)
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    cold = _reader(Streams(1, streams.node_epoch, files, metadata), topic.topic_id, 0,
+                   await metadata.stream_state(topic.topic_id, 0))
+    assert values_of(await cold.read(0, 100 << 20)) == before
+
+
 async def test_rows_retention_is_about_to_delete_are_not_planned(metadata, objects, nursery):
     """`kept_ms`: of a topic with retention, rows whose running max timestamp leaves them
     less than that long before retention deletes them are left out of the plan (a plan

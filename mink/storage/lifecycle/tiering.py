@@ -47,6 +47,16 @@ log = logging.getLogger(__name__)
 PLAN_ROWS = 20_000
 # Ranged GETs in flight for one stream object.
 READ_CONCURRENCY = 8
+# A store with batched gets (file://: `get_ranges`, one worker-thread hop for many ranges)
+# is read in chunks of this many ranges or bytes, two chunks in flight: a row is one WAL
+# flush's bytes of one partition, often a single small batch, and a task and a thread hop
+# per row took event-loop time from the leader's commits.
+CHUNK_RANGES = 256
+CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_CONCURRENCY = 2
+# The stream object is assembled in steps of this many bytes, each step a checkpoint, so a
+# large object's batch walk does not hold the event loop in one step.
+ASSEMBLY_STEP_BYTES = 1024 * 1024
 
 # Rows retention is about to delete are left out (`kept_ms`: topic -> a row is planned only
 # if its running max timestamp is at most that old, i.e. retention keeps it long enough
@@ -203,28 +213,57 @@ class TieringRefused(Exception):
         self.reason = reason
 
 
+def _chunks(rows: list[WalRow], max_ranges: int, max_bytes: int) -> list[range]:
+    """Consecutive runs of the rows (as index ranges), each within both bounds (a row
+    larger than max_bytes is a chunk of its own)."""
+    chunks, first, size = [], 0, 0
+    for i, row in enumerate(rows):
+        if i > first and (i - first >= max_ranges or size + row.size > max_bytes):
+            chunks.append(range(first, i))
+            first, size = i, 0
+        size += row.size
+    if first < len(rows):
+        chunks.append(range(first, len(rows)))
+    return chunks
+
+
 async def _read_rows(objects, rows: list[WalRow]) -> list[bytes]:
-    """The rows' bytes, read concurrently. The first failure is raised as itself (not in an
-    exception group, so the job's handlers see the store's error) and cancels the rest."""
+    """The rows' bytes, read concurrently: in chunks through the store's batched gets
+    where it has them, else a ranged GET per row. The first failure is raised as itself
+    (not in an exception group, so the job's handlers see the store's error) and cancels
+    the rest."""
     out: list[bytes] = [b""] * len(rows)
-    limiter = trio.CapacityLimiter(READ_CONCURRENCY)
+    get_ranges = getattr(objects, "get_ranges", None)
+    if get_ranges is None:
+        chunks, concurrency = [range(i, i + 1) for i in range(len(rows))], READ_CONCURRENCY
+    else:
+        chunks, concurrency = _chunks(rows, CHUNK_RANGES, CHUNK_BYTES), CHUNK_CONCURRENCY
+    pending = iter(chunks)
     failed: list[Exception] = []
 
-    async def one(i: int, row: WalRow, reads: trio.CancelScope) -> None:
+    async def read(chunk: range) -> list[bytes]:
+        if get_ranges is None:
+            row = rows[chunk.start]
+            return [await objects.get(row.object_key, row.byte_start, row.byte_end)]
+        return await get_ranges([(rows[i].object_key, rows[i].byte_start, rows[i].byte_end)
+                                 for i in chunk])
+
+    async def reader(reads: trio.CancelScope) -> None:
         try:
-            async with limiter:
-                data = await objects.get(row.object_key, row.byte_start, row.byte_end)
-            if len(data) != row.size:
-                raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
-                                     f"[{row.byte_start}, {row.byte_end})")
-            out[i] = data
+            for chunk in pending:  # shared by the readers: each chunk is read once
+                for i, data in zip(chunk, await read(chunk), strict=True):
+                    row = rows[i]
+                    if len(data) != row.size:
+                        raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
+                                             f"[{row.byte_start}, {row.byte_end})")
+                    out[i] = data
         except Exception as exc:  # noqa: BLE001 - raised below, the first one only
             failed.append(exc)
             reads.cancel()
 
     async with trio.open_nursery() as nursery:
-        for i, row in enumerate(rows):
-            nursery.start_soon(one, i, row, nursery.cancel_scope)
+        for _ in range(min(concurrency, len(chunks))):
+            nursery.start_soon(reader, nursery.cancel_scope)
     if failed:
         raise failed[0]
     return out
@@ -272,8 +311,13 @@ async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: i
         coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition,
         plan.base_offset, plan.last_offset))
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
+    step = 0
     for data in await _read_rows(objects, plan.rows):
         writer.add(data)
+        step += len(data)
+        if step >= ASSEMBLY_STEP_BYTES:
+            step = 0
+            await trio.lowlevel.checkpoint()
     if (writer.base_offset, writer.last_offset) != (plan.base_offset, plan.last_offset):
         raise TieringRefused(f"the WAL ranges hold offsets [{writer.base_offset}, "
                              f"{writer.last_offset}], the index [{plan.base_offset}, "
