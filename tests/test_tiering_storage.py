@@ -393,6 +393,75 @@ async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, n
     assert key not in await lifecycle.due_deletions(metadata, 100)
 
 
+async def test_a_swap_locks_its_rows_not_the_partition(metadata, nursery, pg_url):
+    """The swap locks the index rows it replaces, not the partition's row, which every WAL
+    commit of the object's partitions takes (0011 held it from its index check to its
+    commit, holding up the node's commits). A DeleteRecords of those rows meanwhile waits
+    for the swap and finds them gone: the index ends consistent, the records the same."""
+    import json
+
+    import psycopg
+
+    from mink.storage.stream_object import StreamObjectWriter, stream_object_key
+
+    objects, topic, streams, log, epoch, plan = await one_partition_plan(
+        metadata, nursery, 6, 10 << 20)
+    before = values_of(await log.read(0, 100 << 20))
+    key = stream_object_key(topic.topic_id, 0, plan.base_offset, plan.last_offset, "held")
+    await metadata.fetch_one(tiering.IDEMPOTENT, tiering.SQL_BEGIN, (
+        epoch, None, None, key, topic.topic_id, 0, plan.base_offset, plan.last_offset))
+    writer = StreamObjectWriter(topic.topic_id, 0)
+    for row in plan.rows:
+        writer.add(await objects.get(row.object_key, row.byte_start, row.byte_end))
+    await objects.create(key, writer.finish())
+    rows = json.dumps([{"base_offset": r.base_offset, "last_offset": r.last_offset,
+                        "object_key": r.object_key, "byte_start": r.byte_start,
+                        "byte_end": r.byte_end} for r in plan.rows])
+    swap = await trio.to_thread.run_sync(psycopg.connect, pg_url)
+    probe = await trio.to_thread.run_sync(lambda: psycopg.connect(pg_url, autocommit=True))
+    try:
+        swapped = await trio.to_thread.run_sync(lambda: swap.execute(tiering.SQL_SWAP, (
+            epoch, None, None, key, topic.topic_id, 0, plan.base_offset, plan.last_offset,
+            writer.data_length, rows)).fetchone())
+        assert swapped == ("swapped",)  # and its transaction still open
+
+        def partition_row_is_free() -> bool:
+            with probe.transaction():
+                return probe.execute(
+                    "SELECT 1 FROM partitions WHERE topic_id = %s AND partition = 0 "
+                    "FOR UPDATE NOWAIT", (topic.topic_id,)).fetchone() == (1,)
+
+        assert await trio.to_thread.run_sync(partition_row_is_free)
+
+        done = trio.Event()
+        start = plan.rows[1].base_offset  # the first row goes wholly
+
+        async def delete_records() -> None:
+            await lifecycle.delete_records(metadata, topic.topic_id, 0, 0, 1,
+                                           streams.node_epoch, start)
+            done.set()
+
+        nursery.start_soon(delete_records)
+        with trio.fail_after(10):  # it waits on the swap's row locks
+            while not done.is_set() and await trio.to_thread.run_sync(lambda: probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()").fetchone()[0]) == 0:
+                await trio.sleep(0.01)
+        assert not done.is_set()
+        await trio.to_thread.run_sync(swap.commit)
+        with trio.fail_after(10):
+            await done.wait()
+    finally:
+        await trio.to_thread.run_sync(swap.close)
+        await trio.to_thread.run_sync(probe.close)
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    state = await metadata.stream_state(topic.topic_id, 0)
+    assert state.log_start_offset == start
+    cold = _reader(Streams(1, streams.node_epoch, objects, metadata), topic.topic_id, 0, state)
+    assert values_of(await cold.read(start, 100 << 20)) == before[start:]
+    assert await stats(metadata, topic) == [(0, writer.data_length, 1)]
+
+
 def test_plan_groups_consecutive_rows_up_to_the_target():
     import uuid
 

@@ -66,7 +66,7 @@ class Membership:
             was_leading = self.leading
             deadline = min(sent + ttl / 3, fence_at) if was_leading else sent + ttl / 3
             renewed = False
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(deadline) as cut:
                 try:
                     if was_leading:
                         await node.metadata.heartbeat(node.node_id, self.node_epoch, ttl_s=ttl)
@@ -88,6 +88,12 @@ class Membership:
                     log.error("node id %d is in use by another live process (%s:%s, renewed "
                               "%.1fs ago); not registering while it lives", node.node_id,
                               exc.host, exc.port, exc.renewed_s_ago or 0.0)
+            if cut.cancelled_caught:
+                # A call PostgreSQL did not answer in time (a row lock held by a takeover, a
+                # paused or restarting server) leaves no error of its own: say so.
+                log.warning("membership %s unanswered after %.1fs: cut at its deadline",
+                            "renewal" if was_leading else "registration",
+                            trio.current_time() - sent)
             if renewed:
                 if not self.leading:
                     try:
