@@ -5,11 +5,21 @@ connection). A handler's effects must be applied in arrival order, but waiting f
 durability may overlap: so a handler runs as its own task, and the next one starts only
 once the previous one has called `ctx.applied()` (or finished). The writer sends responses
 strictly in request order.
+
+Quotas (KIP-219): once a handler ran, the node's quotas decide the request's throttle time
+(`_charge`); the response carries it in `throttle_time_ms` and, once it is sent, no further
+request is started on this connection for that long (the connection is muted), so a client
+that ignores the field is held back too. To a client older than KIP-219 (Produce before v6,
+Fetch before v8, ...: `mink/broker/quotas/throttling.py`) the response itself is held back
+that long instead, with the connection muted meanwhile.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,6 +36,8 @@ from mink.protocol.messages import (
     peek_header,
 )
 
+from mink.broker.quotas.throttling import client_throttles
+from mink.broker.security.principal import ANONYMOUS, KafkaPrincipal
 from mink.broker.server.errors import CloseConnection
 
 log = logging.getLogger(__name__)
@@ -35,11 +47,24 @@ RECEIVE_BYTES = 256 * 1024
 
 
 class RequestContext:
-    def __init__(self, connection: Connection, request: Request):
+    def __init__(self, connection: Connection, request: Request, size: int = 0,
+                 decode_seconds: float = 0.0):
         self.connection = connection
         self.request = request
         self.header = request.header
+        self.size = size  # bytes of the request frame (what a Produce is charged)
+        self.decode_seconds = decode_seconds  # charged to request_percentage
+        # A throttle a handler decided itself (Fetch's byte-rate quota), in seconds.
+        self.throttle = 0.0
         self._applied = trio.Event()
+
+    @property
+    def principal(self) -> KafkaPrincipal:
+        return self.connection.principal
+
+    @property
+    def client_id(self) -> str:
+        return self.header.client_id or ""
 
     def applied(self) -> None:
         """The handler's effects are in place; the next request on this connection may start."""
@@ -56,12 +81,14 @@ Handler = Callable[[Any, RequestContext, Any], Awaitable[Any]]
 class _Slot:
     """Where one request's response lands; the writer takes slots in request order."""
 
-    __slots__ = ("done", "frame", "close")
+    __slots__ = ("done", "frame", "close", "throttle", "hold")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.frame: bytes | None = None
         self.close = False
+        self.throttle = 0.0  # seconds the connection is muted after this response
+        self.hold = False  # a pre-KIP-219 client: hold the response back that long instead
 
 
 class Connection:
@@ -71,6 +98,13 @@ class Connection:
         self.stream = stream
         self.handlers = handlers
         self.reader = FrameReader(max_frame_bytes)
+        # Who is speaking: ANONYMOUS until authentication (issue 24) sets it.
+        self.principal: KafkaPrincipal = ANONYMOUS
+        # Muting (KIP-219): throttled responses not sent yet, and until when (trio time)
+        # nothing more is started after the last one sent.
+        self._throttled_pending = 0
+        self._muted_until = -math.inf
+        self._unmuted = trio.Event()
         try:
             host, port = stream.socket.getpeername()[:2]
             self.peer = f"{host}:{port}"
@@ -103,6 +137,8 @@ class Connection:
                         return
                     self.reader.feed(data)
                     continue
+                if self._throttled_pending or trio.current_time() < self._muted_until:
+                    await self._wait_unmuted()
                 slot = _Slot()
                 started = self._start_request(nursery, frame, slot)
                 if started is None:
@@ -130,12 +166,15 @@ class Connection:
             log.warning("closing connection from %s: api key %d version %d is not supported",
                         self.peer, api_key, api_version)
             return None
+        timed = self.node.quotas.timer is not None
+        decode_started = time.perf_counter() if timed else 0.0
         try:
             request = decode_request(frame)
         except MalformedRequest as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
             return None
-        ctx = RequestContext(self, request)
+        ctx = RequestContext(self, request, len(frame),
+                             time.perf_counter() - decode_started if timed else 0.0)
         nursery.start_soon(self._run_handler, self.handlers[api_key], ctx, slot)
         return ctx._applied
 
@@ -143,10 +182,23 @@ class Connection:
         header = ctx.header
         metrics = self.node.metrics
         started = time.perf_counter()
+        timer = self.node.quotas.timer
+        task = trio.lowlevel.current_task()
+        if timer is not None:
+            timer.track(task)
         try:
             body = await handler(self.node, ctx, ctx.request.body)
+            throttle = self._charge(ctx, timer, task)
+            if throttle > 0:
+                body = _with_throttle(body, throttle)
+                self._throttle(slot, throttle, header)
             if body is not None:
+                encode_started = time.perf_counter()
                 slot.frame = encode_response(header.correlation_id, body)
+                if timer is not None:  # Kafka's network-thread time: charged, never throttling
+                    self.node.quotas.record_request_time_no_throttle(
+                        ctx.principal.name, ctx.client_id,
+                        time.perf_counter() - encode_started, trio.current_time())
                 error = getattr(body, "error_code", None)  # a response's top-level error
                 if error:
                     metrics.request_error(header.api_key, header.api_version,
@@ -162,10 +214,51 @@ class Connection:
             slot.close = True
             metrics.request_error(header.api_key, header.api_version, "HANDLER_FAILED")
         finally:
+            if timer is not None:
+                timer.done(task)
             metrics.request(header.api_key, header.api_version).observe(
                 time.perf_counter() - started)
             ctx.applied()
             slot.done.set()
+
+    def _charge(self, ctx: RequestContext, timer, task) -> float:
+        """The request's throttle in seconds: the largest of its byte-rate quota's (a
+        Produce's bytes here; a Fetch's, decided by its handler) and its request quota's
+        (the handler time so far, decoding included)."""
+        quotas = self.node.quotas
+        header = ctx.header
+        now = trio.current_time()
+        user, client_id = ctx.principal.name, ctx.client_id
+        throttle = ctx.throttle
+        kind = ""
+        if throttle > 0:
+            kind = "fetch"
+        if header.api_key == ApiKey.PRODUCE:
+            produce = quotas.record_produce(user, client_id, ctx.size, now)
+            if produce > throttle:
+                throttle, kind = produce, "produce"
+        if timer is not None:
+            spent = ctx.decode_seconds + timer.done(task)
+            timer.track(task)  # encoding is charged apart (above)
+            request = quotas.record_request_time(user, client_id, spent, now)
+            if request > throttle:
+                throttle, kind = request, "request"
+        if throttle > 0:
+            self.node.metrics.quota_throttled(kind, throttle)
+        return throttle
+
+    def _throttle(self, slot: _Slot, throttle: float, header) -> None:
+        slot.throttle = throttle
+        slot.hold = not client_throttles(header.api_key, header.api_version)
+        self._throttled_pending += 1
+
+    async def _wait_unmuted(self) -> None:
+        while self._throttled_pending or trio.current_time() < self._muted_until:
+            if self._throttled_pending:
+                self._unmuted = trio.Event()
+                await self._unmuted.wait()
+            else:
+                await trio.sleep_until(self._muted_until)
 
     async def _write_responses(self, slots: trio.MemoryReceiveChannel,
                                cancel_scope: trio.CancelScope) -> None:
@@ -174,8 +267,25 @@ class Connection:
                 await slot.done.wait()
                 if slot.close:
                     break
+                if slot.throttle and slot.hold:
+                    await trio.sleep(slot.throttle)
                 if slot.frame is not None:
                     await self.stream.send_all(slot.frame)
+                if slot.throttle:
+                    self._throttled_pending -= 1
+                    if not slot.hold:
+                        self._muted_until = max(self._muted_until,
+                                                trio.current_time() + slot.throttle)
+                    self._unmuted.set()
         # The reader stopped (peer closed or bad input) or a handler asked to close: everything
         # still running for this connection has no one to answer to.
         cancel_scope.cancel()
+
+
+def _with_throttle(body: Any, seconds: float) -> Any:
+    """The response with its throttle_time_ms set (a response without the field, or one
+    encoded ahead such as a cached Metadata answer, is only muted)."""
+    if body is None or not hasattr(body, "throttle_time"):
+        return body
+    return dataclasses.replace(body, throttle_time=datetime.timedelta(
+        milliseconds=min(round(seconds * 1000), 2**31 - 1)))
