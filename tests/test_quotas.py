@@ -257,3 +257,248 @@ async def test_mink_quotas_cli(node):
     assert code == 1 and "INVALID_REQUEST" in err and "greater than 0" in err
     code, out, err = await mink_quotas("describe", *server)
     assert out.strip() == "user=alice client-id=<default>: producer_byte_rate=1048576"
+
+
+# -- enforcement -------------------------------------------------------------------------------
+
+ADMIN_PORT = free_port()
+# Kafka's rate allows up to quota x window size (10-11 s) in a burst once the oldest window
+# expires, so a client with a backlog sends in bursts 11 s apart (quota.window.num x
+# quota.window.size.seconds): a 30 s span holding three bursts reads ~10% over the quota with
+# Kafka's own algorithm. The rate is therefore taken over 33 s, three whole quota windows; the
+# 30 s figure is printed beside it.
+MEASURE_S = 33.0
+
+
+@pytest.fixture
+def node_settings() -> dict:
+    return {"admin_listener": f"127.0.0.1:{ADMIN_PORT}", "wal_max_delay_ms": 0}
+
+
+def scrape(name: str) -> dict[str, float]:
+    """Samples of one metric family from the node's /metrics: labels text -> value."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/metrics",
+                                  timeout=TIMEOUT).read().decode()
+    out = {}
+    for line in body.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+class Stats:
+    """confluent-kafka's statistics (stats_cb): the largest broker throttle seen."""
+
+    def __init__(self) -> None:
+        self.throttle_max_ms = 0
+        self.throttle_cnt = 0
+
+    def __call__(self, text: str) -> None:
+        for broker in json.loads(text).get("brokers", {}).values():
+            throttle = broker.get("throttle") or {}
+            self.throttle_max_ms = max(self.throttle_max_ms, throttle.get("max", 0))
+            self.throttle_cnt += throttle.get("cnt", 0) if throttle.get("max", 0) else 0
+
+
+def produce_for(bootstrap: str, client_id: str, topic: str, seconds: float, stats: Stats,
+                size: int = 10_000) -> list[tuple[float, int]]:
+    """Produce as fast as the broker lets this client for `seconds`; (ack time, bytes)."""
+    acked: list[tuple[float, int]] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id,
+                         "linger.ms": 5, "acks": 1, "batch.size": 16384, "statistics.interval.ms": 1000,
+                         "stats_cb": stats})
+
+    def delivered(err, msg):
+        if err is None:
+            acked.append((time.monotonic(), len(msg.value())))
+
+    value = b"q" * size
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if len(producer) < 200:
+            producer.produce(topic, value, on_delivery=delivered)
+            producer.poll(0)
+        else:
+            producer.poll(0.01)
+    producer.flush(1.0)  # what is still queued is not counted
+    producer.poll(1.5)  # one more statistics interval
+    return acked
+
+
+def rate_over(events: list[tuple[float, int]], seconds: float) -> float:
+    """Bytes per second in the `seconds` from the first event on."""
+    if not events:
+        return 0.0
+    start = events[0][0]
+    return sum(n for t, n in events if t - start <= seconds) / seconds
+
+
+async def test_produce_quota_holds_one_client_id_and_spares_another(node):
+    """producer_byte_rate on client id `slow`: over 30 s from its first message its rate is
+    within 10% of the quota, while `fast` on the same node runs unthrottled; librdkafka's
+    statistics show the throttle, and so do the node's metrics."""
+    quota = 300_000
+    assert await in_thread(alter, node, [
+        ([("client-id", "slow")], [("producer_byte_rate", quota, False)])]) == [
+            (ErrorCode.none, None)]
+    slow_stats, fast_stats = Stats(), Stats()
+    results = {}
+
+    async def run(client_id, stats):
+        results[client_id] = await trio.to_thread.run_sync(
+            produce_for, node, client_id, "produce-quota", MEASURE_S + 1, stats)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "slow", slow_stats)
+        nursery.start_soon(run, "fast", fast_stats)
+    slow, fast = rate_over(results["slow"], MEASURE_S), rate_over(results["fast"], MEASURE_S)
+    print(f"produce quota {quota} B/s over 30 s: slow "
+          f"{rate_over(results['slow'], 30.0) / quota:.3f} of it")
+    print(f"produce quota {quota} B/s: slow {slow:.0f} B/s ({slow / quota:.3f} of it), "
+          f"fast {fast:.0f} B/s; librdkafka throttle max {slow_stats.throttle_max_ms} ms "
+          f"(fast: {fast_stats.throttle_max_ms} ms)")
+    assert abs(slow - quota) <= 0.10 * quota, (slow, quota)
+    assert fast > 4 * quota, fast
+    assert slow_stats.throttle_max_ms > 0  # librdkafka saw throttle_time_ms
+    assert fast_stats.throttle_max_ms == 0
+    throttled = await in_thread(scrape, "mink_quota_throttle_time_seconds_count")
+    assert throttled.get('{quota="produce"}', 0) > 0, throttled
+    assert await in_thread(scrape, "mink_quota_throttle_time_seconds_sum")
+
+
+def consume_for(bootstrap: str, client_id: str, topic: str, seconds: float,
+                stop_at_bytes: int) -> list[tuple[float, int]]:
+    from confluent_kafka import TopicPartition
+
+    got: list[tuple[float, int]] = []
+    consumer = Consumer({"bootstrap.servers": bootstrap, "client.id": client_id,
+                         "group.id": f"g-{client_id}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    total = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end and total < stop_at_bytes:
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            got.append((time.monotonic(), len(msg.value())))
+            total += len(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+
+async def test_fetch_quota_holds_one_consumer_and_spares_another(node):
+    """consumer_byte_rate on client id `slow-reader`: over 30 s from its first message it
+    reads within 10% of the quota; `fast-reader` reads the whole topic meanwhile."""
+    quota = 300_000
+    loaded = await trio.to_thread.run_sync(produce_for, node, "loader", "fetch-quota", 4.0,
+                                           Stats())
+    total = sum(n for _, n in loaded)
+    assert total > 2 * quota * MEASURE_S, total  # more than the slow reader may read
+    assert await in_thread(alter, node, [
+        ([("client-id", "slow-reader")], [("consumer_byte_rate", quota, False)])]) == [
+            (ErrorCode.none, None)]
+    results = {}
+
+    async def run(client_id):
+        results[client_id] = await trio.to_thread.run_sync(
+            consume_for, node, client_id, "fetch-quota", MEASURE_S + 1, total)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "slow-reader")
+        nursery.start_soon(run, "fast-reader")
+    slow = rate_over(results["slow-reader"], MEASURE_S)
+    print(f"fetch quota {quota} B/s over 30 s: slow-reader "
+          f"{rate_over(results['slow-reader'], 30.0) / quota:.3f} of it")
+    fast_bytes = sum(n for _, n in results["fast-reader"])
+    fast_s = results["fast-reader"][-1][0] - results["fast-reader"][0][0]
+    print(f"fetch quota {quota} B/s: slow-reader {slow:.0f} B/s ({slow / quota:.3f} of it); "
+          f"fast-reader read {fast_bytes} B in {fast_s:.1f} s")
+    assert abs(slow - quota) <= 0.10 * quota, (slow, quota)
+    assert fast_bytes == total
+    throttled = await in_thread(scrape, "mink_quota_throttle_time_seconds_count")
+    assert throttled.get('{quota="fetch"}', 0) > 0, throttled
+
+
+async def api_versions_for(address: str, client_id: str, seconds: float):
+    """Sequential ApiVersions v3 requests for `seconds`, ignoring throttle_time_ms as a
+    misbehaving client would: (count, the throttles answered, the longest wait for an
+    answer after a throttled one)."""
+    async with await KafkaClient.connect(address, client_id=client_id) as client:
+        schema = load_request_schema(ApiKey.API_VERSIONS, 3)
+        body = build(schema, client_software_name="quota-tests",
+                     client_software_version="1")
+        count, throttles, waited_after_throttle = 0, [], 0.0
+        previous_throttle = 0.0
+        end = trio.current_time() + seconds
+        while trio.current_time() < end:
+            sent = trio.current_time()
+            response = await client.call(ApiKey.API_VERSIONS, 3, body)
+            if previous_throttle:
+                waited_after_throttle = max(waited_after_throttle, trio.current_time() - sent)
+            previous_throttle = response.throttle_time.total_seconds()
+            if previous_throttle:
+                throttles.append(previous_throttle)
+            count += 1
+        return count, throttles, waited_after_throttle
+
+
+async def test_request_quota_throttles_a_client_sending_many_small_requests(node):
+    """request_percentage 1 (1% of the event loop) on (user ANONYMOUS, client id chatty):
+    the principal of an unauthenticated connection is matched as the user. chatty sends
+    small requests back to back and is throttled; the connection is muted for the throttle
+    even though chatty ignores the field; calm, without a quota, is not."""
+    assert await in_thread(alter, node, [
+        ([("user", "ANONYMOUS"), ("client-id", "chatty")], [("request_percentage", 1, False)]),
+    ]) == [(ErrorCode.none, None)]
+    calm_count, calm_throttles, _ = await api_versions_for(node, "calm", 3.0)
+    chatty_count, chatty_throttles, waited = await api_versions_for(node, "chatty", 6.0)
+    print(f"request quota 1%: chatty {chatty_count / 6.0:.0f} requests/s, "
+          f"{len(chatty_throttles)} throttled (max {max(chatty_throttles, default=0):.3f} s), "
+          f"longest wait after a throttle {waited:.3f} s; calm {calm_count / 3.0:.0f} "
+          f"requests/s, {len(calm_throttles)} throttled")
+    assert not calm_throttles
+    assert chatty_throttles
+    assert chatty_count / 6.0 < calm_count / 3.0 / 3
+    assert waited >= min(chatty_throttles) * 0.9  # muted: the next answer waited
+    throttled = await in_thread(scrape, "mink_quota_throttle_time_seconds_count")
+    assert throttled.get('{quota="request"}', 0) > 0, throttled
+
+
+async def test_quotas_reach_every_node_of_a_cluster_without_a_restart(mink_postgres):
+    """Set on node 1, every node of three describes and enforces it within 2 s; removed on
+    node 2, every node drops it within 2 s."""
+    from mink.testing import open_cluster
+
+    async with open_cluster(3, mink_postgres, proxy=False) as cluster:
+        addresses = [cluster.node(i).bootstrap for i in (1, 2, 3)]
+        entity = [("client-id", "everywhere")]
+        started = trio.current_time()
+        assert await in_thread(alter, addresses[0], [
+            (entity, [("request_percentage", 0.01, False)])]) == [(ErrorCode.none, None)]
+
+        async def seen_everywhere(wanted):
+            while True:
+                described = [await in_thread(describe, a, [("client-id", 0, "everywhere")])
+                             for a in addresses]
+                if all(d == wanted for d in described):
+                    return trio.current_time() - started
+                await trio.sleep(0.05)
+
+        with trio.fail_after(2.0):
+            took = await seen_everywhere({(("client-id", "everywhere"),):
+                                          {"request_percentage": 0.01}})
+        print(f"quota described by all three nodes {took:.2f} s after AlterClientQuotas")
+        for address in addresses:  # and enforced on each
+            _, throttles, _ = await api_versions_for(address, "everywhere", 1.0)
+            assert throttles, address
+        started = trio.current_time()
+        assert await in_thread(alter, addresses[1], [
+            (entity, [("request_percentage", 0, True)])]) == [(ErrorCode.none, None)]
+        with trio.fail_after(2.0):
+            took = await seen_everywhere({})
+        print(f"removal seen by all three nodes {took:.2f} s after AlterClientQuotas")
+        for i in (1, 2, 3):
+            assert not cluster.node(i).node.quotas.request.limits

@@ -189,6 +189,15 @@ class QuotaManager:
         finally:
             self._install_timer(False)
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self.entities)
+
+    def applies(self, user: str, client_id: str) -> bool:
+        """Is any quota type bounding this user and client id?"""
+        return any(m.limits and m.quota(user, client_id) is not None
+                   for m in (self.produce, self.fetch, self.request))
+
     # -- charging requests -------------------------------------------------------------------
 
     def record_produce(self, user: str, client_id: str, size: int, now: float) -> float:

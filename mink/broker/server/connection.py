@@ -33,6 +33,7 @@ from mink.protocol.messages import (
     Request,
     decode_request,
     encode_response,
+    peek_client_id,
     peek_header,
 )
 
@@ -54,8 +55,10 @@ class RequestContext:
         self.header = request.header
         self.size = size  # bytes of the request frame (what a Produce is charged)
         self.decode_seconds = decode_seconds  # charged to request_percentage
-        # A throttle a handler decided itself (Fetch's byte-rate quota), in seconds.
+        # A byte-rate throttle decided before the handler ends (a Produce's as it starts, a
+        # Fetch's by its handler), in seconds, and which quota gave the throttle.
         self.throttle = 0.0
+        self.throttle_kind = "fetch"
         self._applied = trio.Event()
 
     @property
@@ -145,6 +148,11 @@ class Connection:
                     return
                 await slots.send(slot)
                 await started.wait()
+                if self.node.quotas.request.limits and self._under_request_quota(frame):
+                    # As Kafka, which reads a connection's next request only once the last
+                    # one is answered: a request's handler time is known only when it is
+                    # done, and pipelined requests would overshoot the quota meanwhile.
+                    await slot.done.wait()
 
     def _start_request(self, nursery: trio.Nursery, frame: bytes, slot: _Slot) -> trio.Event | None:
         """Decode and start the handler. Returns the event set once its effects are applied,
@@ -175,6 +183,15 @@ class Connection:
             return None
         ctx = RequestContext(self, request, len(frame),
                              time.perf_counter() - decode_started if timed else 0.0)
+        if api_key == ApiKey.PRODUCE and self.node.quotas.produce.limits:
+            # A Produce is charged its bytes as it starts (Kafka charges them once the batch
+            # is appended, which is the same moment here: before the wait for durability), so
+            # the next request on the connection waits for a throttle already.
+            ctx.throttle = self.node.quotas.record_produce(
+                self.principal.name, ctx.client_id, ctx.size, trio.current_time())
+            if ctx.throttle > 0:
+                ctx.throttle_kind = "produce"
+                self._throttle(slot, ctx.throttle, request.header)
         nursery.start_soon(self._run_handler, self.handlers[api_key], ctx, slot)
         return ctx._applied
 
@@ -192,6 +209,7 @@ class Connection:
             if throttle > 0:
                 body = _with_throttle(body, throttle)
                 self._throttle(slot, throttle, header)
+                metrics.quota_throttled(ctx.throttle_kind, throttle)
             if body is not None:
                 encode_started = time.perf_counter()
                 slot.frame = encode_response(header.correlation_id, body)
@@ -221,36 +239,29 @@ class Connection:
             ctx.applied()
             slot.done.set()
 
+    def _under_request_quota(self, frame: bytes) -> bool:
+        client_id = peek_client_id(frame) or ""
+        return self.node.quotas.request.quota(self.principal.name, client_id) is not None
+
     def _charge(self, ctx: RequestContext, timer, task) -> float:
         """The request's throttle in seconds: the largest of its byte-rate quota's (a
-        Produce's bytes here; a Fetch's, decided by its handler) and its request quota's
-        (the handler time so far, decoding included)."""
-        quotas = self.node.quotas
-        header = ctx.header
-        now = trio.current_time()
-        user, client_id = ctx.principal.name, ctx.client_id
+        Produce's, charged as it started; a Fetch's, decided by its handler) and its request
+        quota's (the handler time so far, decoding included)."""
         throttle = ctx.throttle
-        kind = ""
-        if throttle > 0:
-            kind = "fetch"
-        if header.api_key == ApiKey.PRODUCE:
-            produce = quotas.record_produce(user, client_id, ctx.size, now)
-            if produce > throttle:
-                throttle, kind = produce, "produce"
         if timer is not None:
             spent = ctx.decode_seconds + timer.done(task)
-            timer.track(task)  # encoding is charged apart (above)
-            request = quotas.record_request_time(user, client_id, spent, now)
+            timer.track(task)  # encoding is charged apart, without throttling (below)
+            request = self.node.quotas.record_request_time(
+                ctx.principal.name, ctx.client_id, spent, trio.current_time())
             if request > throttle:
-                throttle, kind = request, "request"
-        if throttle > 0:
-            self.node.metrics.quota_throttled(kind, throttle)
+                throttle, ctx.throttle_kind = request, "request"
         return throttle
 
     def _throttle(self, slot: _Slot, throttle: float, header) -> None:
-        slot.throttle = throttle
+        if not slot.throttle:
+            self._throttled_pending += 1  # until the writer sends it
+        slot.throttle = max(slot.throttle, throttle)
         slot.hold = not client_throttles(header.api_key, header.api_version)
-        self._throttled_pending += 1
 
     async def _wait_unmuted(self) -> None:
         while self._throttled_pending or trio.current_time() < self._muted_until:
