@@ -302,8 +302,9 @@ class Stats:
 
 
 def produce_for(bootstrap: str, client_id: str, topic: str, seconds: float, stats: Stats,
-                size: int = 10_000) -> list[tuple[float, int]]:
-    """Produce as fast as the broker lets this client for `seconds`; (ack time, bytes)."""
+                size: int = 10_000, stop_bytes: float = math.inf) -> list[tuple[float, int]]:
+    """Produce as fast as the broker lets this client for `seconds` (or until `stop_bytes`
+    are acknowledged); (ack time, bytes)."""
     acked: list[tuple[float, int]] = []
     producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id,
                          "linger.ms": 5, "acks": 1, "batch.size": 16384, "statistics.interval.ms": 1000,
@@ -315,13 +316,15 @@ def produce_for(bootstrap: str, client_id: str, topic: str, seconds: float, stat
 
     value = b"q" * size
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    sent = 0
+    while time.monotonic() < end and sent < stop_bytes:
         if len(producer) < 200:
+            sent += size
             producer.produce(topic, value, on_delivery=delivered)
             producer.poll(0)
         else:
             producer.poll(0.01)
-    producer.flush(1.0)  # what is still queued is not counted
+    producer.flush(1.0 if stop_bytes == math.inf else TIMEOUT)  # what is left is not counted
     producer.poll(1.5)  # one more statistics interval
     return acked
 
@@ -393,8 +396,8 @@ async def test_fetch_quota_holds_one_consumer_and_spares_another(node):
     """consumer_byte_rate on client id `slow-reader`: over 30 s from its first message it
     reads within 10% of the quota; `fast-reader` reads the whole topic meanwhile."""
     quota = 300_000
-    loaded = await trio.to_thread.run_sync(produce_for, node, "loader", "fetch-quota", 4.0,
-                                           Stats())
+    loaded = await trio.to_thread.run_sync(produce_for, node, "loader", "fetch-quota", 60.0,
+                                           Stats(), 10_000, 2.5 * quota * MEASURE_S)
     total = sum(n for _, n in loaded)
     assert total > 2 * quota * MEASURE_S, total  # more than the slow reader may read
     assert await in_thread(alter, node, [
