@@ -505,3 +505,47 @@ async def test_quotas_reach_every_node_of_a_cluster_without_a_restart(mink_postg
         print(f"removal seen by all three nodes {took:.2f} s after AlterClientQuotas")
         for i in (1, 2, 3):
             assert not cluster.node(i).node.quotas.request.limits
+
+
+async def test_old_clients_get_the_response_held_back_new_ones_are_muted(node):
+    """KIP-219: to a Produce v5 client the throttled response itself comes late; a Produce
+    v9 client gets it at once with throttle_time_ms and its connection then waits that long
+    before its next request is answered. clients/<default> measures each client id apart."""
+    from tests.support.batches import records_batch, values
+    from tests.support.raw import produce_request, produce_result
+
+    batch = records_batch(values(10, 1000))
+    probe = produce_request("kip-219", 0, batch, version=9, acks=1)
+    async with await KafkaClient.connect(node, client_id="setup") as client:
+        for _ in range(50):  # auto-creates the topic
+            if produce_result(await client.call(ApiKey.PRODUCE, 9, probe))[0] == 0:
+                break
+            await trio.sleep(0.1)
+    frame = len(client.exchange.encode(ApiKey.PRODUCE, 9, probe)[1]) - 4
+    quota = round(frame / 11)  # one request is then ~1 s of throttle: S / Q - 10 windows
+    assert await in_thread(alter, node, [
+        ([("client-id", None)], [("producer_byte_rate", quota, False)])]) == [
+            (ErrorCode.none, None)]
+
+    async def produce_once(client_id: str, version: int):
+        async with await KafkaClient.connect(node, client_id=client_id) as client:
+            started = trio.current_time()
+            response = await client.call(ApiKey.PRODUCE, version, produce_request(
+                "kip-219", 0, batch, version=version, acks=1))
+            answered = trio.current_time() - started
+            assert produce_result(response)[0] == 0  # throttled, not refused
+            throttle = response.throttle_time.total_seconds()
+            started = trio.current_time()
+            await client.call(ApiKey.API_VERSIONS, 3, build(
+                load_request_schema(ApiKey.API_VERSIONS, 3), client_software_name="t",
+                client_software_version="1"))
+            return throttle, answered, trio.current_time() - started
+
+    throttle, answered, next_answered = await produce_once("old-producer", 5)
+    print(f"Produce v5: throttle {throttle:.2f} s, answered after {answered:.2f} s, "
+          f"next request after {next_answered:.2f} s")
+    assert throttle > 0.5 and answered >= throttle * 0.95 and next_answered < 0.5
+    throttle, answered, next_answered = await produce_once("new-producer", 9)
+    print(f"Produce v9: throttle {throttle:.2f} s, answered after {answered:.2f} s, "
+          f"next request after {next_answered:.2f} s")
+    assert throttle > 0.5 and answered < 0.5 and next_answered >= throttle * 0.95
