@@ -72,6 +72,8 @@ class ClientQuotaManager:
         try:
             return self._resolved[key]
         except KeyError:
+            if len(self._resolved) >= MAX_SENSORS:  # client ids churning: start over
+                self._resolved.clear()
             found = self._resolved[key] = resolve(self.limits, user, client_id)
             return found
 
