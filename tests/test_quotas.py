@@ -466,6 +466,13 @@ async def test_request_quota_throttles_a_client_sending_many_small_requests(node
     assert chatty_throttles
     assert chatty_count / 6.0 < calm_count / 3.0 / 3
     assert waited >= min(chatty_throttles) * 0.9  # muted: the next answer waited
+    # a Metadata answer is encoded once and cached; its throttle_time_ms is set all the same
+    async with await KafkaClient.connect(node, client_id="chatty") as client:
+        for _ in range(2):
+            metadata = await client.call(ApiKey.METADATA, 12, build(
+                load_request_schema(ApiKey.METADATA, 12), topics=None,
+                allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+            assert metadata.throttle_time.total_seconds() > 0
     throttled = await in_thread(scrape, "mink_quota_throttle_time_seconds_count")
     assert throttled.get('{quota="request"}', 0) > 0, throttled
 

@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +30,7 @@ import trio
 from mink.protocol.apis import ApiKey, advertised
 from mink.protocol.framing import FrameError, FrameReader
 from mink.protocol.messages import (
+    EncodedBody,
     MalformedRequest,
     Request,
     decode_request,
@@ -294,9 +296,18 @@ class Connection:
 
 
 def _with_throttle(body: Any, seconds: float) -> Any:
-    """The response with its throttle_time_ms set (a response without the field, or one
-    encoded ahead such as a cached Metadata answer, is only muted)."""
+    """The response with its throttle_time_ms set. A response encoded ahead (a cached
+    Metadata answer) is patched in place when throttle_time_ms is its first field, as in
+    every version that has it; a response without the field is only muted."""
+    ms = min(round(seconds * 1000), 2**31 - 1)
+    if isinstance(body, EncodedBody):
+        fields = dataclasses.fields(body.schema)
+        if fields and fields[0].name == "throttle_time" and len(body.payload) >= 4:
+            return EncodedBody(body.schema, _THROTTLE_MS.pack(ms) + body.payload[4:])
+        return body
     if body is None or not hasattr(body, "throttle_time"):
         return body
-    return dataclasses.replace(body, throttle_time=datetime.timedelta(
-        milliseconds=min(round(seconds * 1000), 2**31 - 1)))
+    return dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=ms))
+
+
+_THROTTLE_MS = struct.Struct(">i")
