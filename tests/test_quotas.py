@@ -371,12 +371,13 @@ async def test_produce_quota_holds_one_client_id_and_spares_another(node):
 
 
 def consume_for(bootstrap: str, client_id: str, topic: str, seconds: float,
-                stop_at_bytes: int) -> list[tuple[float, int]]:
+                stop_at_bytes: int, stats: Stats) -> list[tuple[float, int]]:
     from confluent_kafka import TopicPartition
 
     got: list[tuple[float, int]] = []
     consumer = Consumer({"bootstrap.servers": bootstrap, "client.id": client_id,
-                         "group.id": f"g-{client_id}", "enable.auto.commit": False})
+                         "group.id": f"g-{client_id}", "enable.auto.commit": False,
+                         "statistics.interval.ms": 1000, "stats_cb": stats})
     consumer.assign([TopicPartition(topic, 0, 0)])
     total = 0
     end = time.monotonic() + seconds
@@ -404,10 +405,12 @@ async def test_fetch_quota_holds_one_consumer_and_spares_another(node):
         ([("client-id", "slow-reader")], [("consumer_byte_rate", quota, False)])]) == [
             (ErrorCode.none, None)]
     results = {}
+    stats = {"slow-reader": Stats(), "fast-reader": Stats()}
 
     async def run(client_id):
         results[client_id] = await trio.to_thread.run_sync(
-            consume_for, node, client_id, "fetch-quota", MEASURE_S + 1, total)
+            consume_for, node, client_id, "fetch-quota", MEASURE_S + 1, total,
+            stats[client_id])
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run, "slow-reader")
@@ -421,6 +424,7 @@ async def test_fetch_quota_holds_one_consumer_and_spares_another(node):
           f"fast-reader read {fast_bytes} B in {fast_s:.1f} s")
     assert abs(slow - quota) <= 0.10 * quota, (slow, quota)
     assert fast_bytes == total
+    assert stats["slow-reader"].throttle_max_ms > 0  # librdkafka's statistics show it
     throttled = await in_thread(scrape, "mink_quota_throttle_time_seconds_count")
     assert throttled.get('{quota="fetch"}', 0) > 0, throttled
 
