@@ -42,6 +42,7 @@ from mink.protocol.messages import (
 from mink.broker.quotas.throttling import client_throttles
 from mink.broker.security.principal import ANONYMOUS, KafkaPrincipal
 from mink.broker.server.errors import CloseConnection
+from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class RequestContext:
         # Fetch's by its handler), in seconds, and which quota gave the throttle.
         self.throttle = 0.0
         self.throttle_kind = "fetch"
+        # Requests one node forwards to another are not charged: Kafka exempts its
+        # inter-broker requests from quotas too.
+        self.quota_exempt = request.header.client_id == FORWARDED_CLIENT_ID
         self._applied = trio.Event()
 
     @property
@@ -185,7 +189,8 @@ class Connection:
             return None
         ctx = RequestContext(self, request, len(frame),
                              time.perf_counter() - decode_started if timed else 0.0)
-        if api_key == ApiKey.PRODUCE and self.node.quotas.produce.limits:
+        if api_key == ApiKey.PRODUCE and self.node.quotas.produce.limits and (
+                not ctx.quota_exempt):
             # A Produce is charged its bytes as it starts (Kafka charges them once the batch
             # is appended, which is the same moment here: before the wait for durability), so
             # the next request on the connection waits for a throttle already.
@@ -215,7 +220,8 @@ class Connection:
             if body is not None:
                 encode_started = time.perf_counter()
                 slot.frame = encode_response(header.correlation_id, body)
-                if timer is not None:  # Kafka's network-thread time: charged, never throttling
+                if timer is not None and not ctx.quota_exempt:  # Kafka's network-thread
+                    # time: charged, never throttling
                     self.node.quotas.record_request_time_no_throttle(
                         ctx.principal.name, ctx.client_id,
                         time.perf_counter() - encode_started, trio.current_time())
@@ -243,14 +249,15 @@ class Connection:
 
     def _under_request_quota(self, frame: bytes) -> bool:
         client_id = peek_client_id(frame) or ""
-        return self.node.quotas.request.quota(self.principal.name, client_id) is not None
+        return client_id != FORWARDED_CLIENT_ID and self.node.quotas.request.quota(
+            self.principal.name, client_id) is not None
 
     def _charge(self, ctx: RequestContext, timer, task) -> float:
         """The request's throttle in seconds: the largest of its byte-rate quota's (a
         Produce's, charged as it started; a Fetch's, decided by its handler) and its request
         quota's (the handler time so far, decoding included)."""
         throttle = ctx.throttle
-        if timer is not None:
+        if timer is not None and not ctx.quota_exempt:
             spent = ctx.decode_seconds + timer.done(task)
             timer.track(task)  # encoding is charged apart, without throttling (below)
             request = self.node.quotas.record_request_time(

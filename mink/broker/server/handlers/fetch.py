@@ -56,7 +56,8 @@ async def handle(node, ctx, request):
     quota = node.quotas.fetch
     user, client_id = ctx.principal.name, ctx.client_id
     max_bytes = request.max_bytes
-    if quota.limits:
+    charged = bool(quota.limits) and not ctx.quota_exempt
+    if charged:
         max_bytes = int(min(max_bytes, quota.max_value_in_window(user, client_id)))
     while True:
         total = await _read_all(reads, max_bytes, committed_only)
@@ -64,7 +65,7 @@ async def handle(node, ctx, request):
                 any(r.error for r in reads)):
             break
         await _wait_for_commit(reads, deadline)
-    if quota.limits:
+    if charged:
         now = trio.current_time()
         size = sum(r.size for r in reads)
         ctx.throttle = quota.record(user, client_id, size, now)
