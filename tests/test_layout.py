@@ -40,7 +40,8 @@ def test_the_map_answers_the_questions_it_must():
     for question in ("where does a Produce go", "where does a batch become durable",
                      "what runs only on the cluster coordinator",
                      "where do group state and committed offsets live",
-                     "where is the transaction coordinator", "where will quotas live"):
+                     "where is the transaction coordinator",
+                     "where are client quotas decided"):
         assert question in text, question
     assert "### The fences" in text
 

@@ -92,6 +92,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     transactional_id_expiration_ms: int = 604_800_000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
 
+    # Client quotas (mink/broker/quotas/): rates are measured over quota.window.num windows
+    # of quota.window.size.seconds, Kafka's names and defaults.
+    quota_window_num: int = 11
+    quota_window_size_seconds: float = 1.0
+
     # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
     # off no metric is kept either.
     admin_listener: str | None = None

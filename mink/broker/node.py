@@ -27,6 +27,7 @@ from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.broker.config import Config
 from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.logs import bind_node
+from mink.broker.quotas.manager import QuotaManager
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.admin import TopicAdmin
@@ -66,6 +67,7 @@ class Node:
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         self.transactions = TransactionCoordinator(self)  # transactional ids
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
+        self.quotas = QuotaManager(self)  # client quotas, read when the view moves
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
         # False: stopping leaves the membership and the coordinator lease to expire, as after
         # a crash (the test harness's in-process "kill").
@@ -128,6 +130,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
         await nursery.start(serve_admin, node)  # off unless admin_listener is set
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
+        nursery.start_soon(node.quotas.run)
         await node.membership.register_at_start()
         try:
             await node.membership.start_streams()

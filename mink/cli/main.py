@@ -7,7 +7,7 @@ import sys
 
 import mink
 from mink.broker.config import ConfigError, load_config
-from mink.cli import cluster, dev, serve, topics
+from mink.cli import cluster, dev, quotas, serve, topics
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     topics.add_parser(commands)
     cluster.add_parser(commands)
+    quotas.add_parser(commands)
 
     args = parser.parse_args(argv)
     try:
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             return topics.run(args)
         if args.command == "cluster":
             return cluster.run(args)
+        if args.command == "quotas":
+            return quotas.run(args)
     except ConfigError as exc:
         print(f"mink: {exc}", file=sys.stderr)
         return 2

@@ -45,6 +45,21 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
     return _HEADER_PREFIX.unpack_from(frame)
 
 
+_CLIENT_ID_LENGTH = struct.Struct(">h")
+
+
+def peek_client_id(frame: bytes) -> str | None:
+    """The header's client id (a nullable int16-length string right after the correlation
+    id, in every header version) without decoding the rest; None if absent or malformed."""
+    start = _HEADER_PREFIX.size
+    if len(frame) < start + 2:
+        return None
+    (length,) = _CLIENT_ID_LENGTH.unpack_from(frame, start)
+    if length < 0 or len(frame) < start + 2 + length:
+        return None
+    return bytes(frame[start + 2:start + 2 + length]).decode("utf-8", "replace")
+
+
 _readers: dict[tuple[int, int], tuple[Any, Any]] = {}
 
 

@@ -32,6 +32,8 @@ from mink.storage.observer import NO_OBSERVER, StorageObserver
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
 # Bytes of a WAL object: one small batch up to wal_max_bytes (8 MiB by default) and past it.
+# Seconds of a quota throttle: a few ms up to the uncapped byte-rate throttles.
+THROTTLE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 26, 2))  # 1 KiB .. 16 MiB
 
 
@@ -92,6 +94,9 @@ class NullMetrics:
         pass
 
     def group_rebalance(self) -> None:
+        pass
+
+    def quota_throttled(self, quota: str, seconds: float) -> None:
         pass
 
     def observe_object_store(self, store):
@@ -177,6 +182,14 @@ class NodeMetrics:
             "(stale_coordinator_epoch, stale_writer_lease_epoch, writer_lease_held, "
             "index_changed, unknown_upload, unknown_partition, invalid_rows).",
             ["reason"], registry=registry)
+        # Client quotas (mink/broker/quotas/): Kafka's throttle-time per quota type
+        # (kafka.server:type=Produce|Fetch|Request); _count is the throttled responses.
+        self._throttle = Histogram(
+            "mink_quota_throttle_time_seconds",
+            "Throttle time given to responses that passed a client quota, per quota type "
+            "(produce, fetch, request); _count is the number of throttled responses.",
+            ["quota"], buckets=THROTTLE_BUCKETS, registry=registry)
+        self._throttle_children: dict[str, object] = {}
         self.storage = _StorageMeters(registry)
         self.lag = ConsumerLag(node)
         registry.register(_NodeStateCollector(self))
@@ -214,6 +227,12 @@ class NodeMetrics:
 
     def group_rebalance(self) -> None:
         self._rebalances.inc()
+
+    def quota_throttled(self, quota: str, seconds: float) -> None:
+        child = self._throttle_children.get(quota)
+        if child is None:
+            child = self._throttle_children[quota] = self._throttle.labels(quota)
+        child.observe(seconds)
 
     def observe_object_store(self, store):
         return InstrumentedObjectStore(store, self._object_store_request)

@@ -121,6 +121,7 @@ class PartitionSync:
         # concurrent refresh) never replaces a newer one.
         if view != node.view and view.version >= node.view.version:
             node.view = view
+        await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
         await self.sync_partitions()
         node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
 

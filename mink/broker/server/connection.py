@@ -5,11 +5,22 @@ connection). A handler's effects must be applied in arrival order, but waiting f
 durability may overlap: so a handler runs as its own task, and the next one starts only
 once the previous one has called `ctx.applied()` (or finished). The writer sends responses
 strictly in request order.
+
+Quotas (KIP-219): once a handler ran, the node's quotas decide the request's throttle time
+(`_charge`); the response carries it in `throttle_time_ms` and, once it is sent, no further
+request is started on this connection for that long (the connection is muted), so a client
+that ignores the field is held back too. To a client older than KIP-219 (Produce before v6,
+Fetch before v8, ...: `mink/broker/quotas/throttling.py`) the response itself is held back
+that long instead, with the connection muted meanwhile.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
+import math
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,14 +30,19 @@ import trio
 from mink.protocol.apis import ApiKey, advertised
 from mink.protocol.framing import FrameError, FrameReader
 from mink.protocol.messages import (
+    EncodedBody,
     MalformedRequest,
     Request,
     decode_request,
     encode_response,
+    peek_client_id,
     peek_header,
 )
 
+from mink.broker.quotas.throttling import client_throttles
+from mink.broker.security.principal import ANONYMOUS, KafkaPrincipal
 from mink.broker.server.errors import CloseConnection
+from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +51,29 @@ RECEIVE_BYTES = 256 * 1024
 
 
 class RequestContext:
-    def __init__(self, connection: Connection, request: Request):
+    def __init__(self, connection: Connection, request: Request, size: int = 0,
+                 decode_seconds: float = 0.0):
         self.connection = connection
         self.request = request
         self.header = request.header
+        self.size = size  # bytes of the request frame (what a Produce is charged)
+        self.decode_seconds = decode_seconds  # charged to request_percentage
+        # A byte-rate throttle decided before the handler ends (a Produce's as it starts, a
+        # Fetch's by its handler), in seconds, and which quota gave the throttle.
+        self.throttle = 0.0
+        self.throttle_kind = "fetch"
+        # Requests one node forwards to another are not charged: Kafka exempts its
+        # inter-broker requests from quotas too.
+        self.quota_exempt = request.header.client_id == FORWARDED_CLIENT_ID
         self._applied = trio.Event()
+
+    @property
+    def principal(self) -> KafkaPrincipal:
+        return self.connection.principal
+
+    @property
+    def client_id(self) -> str:
+        return self.header.client_id or ""
 
     def applied(self) -> None:
         """The handler's effects are in place; the next request on this connection may start."""
@@ -56,12 +90,14 @@ Handler = Callable[[Any, RequestContext, Any], Awaitable[Any]]
 class _Slot:
     """Where one request's response lands; the writer takes slots in request order."""
 
-    __slots__ = ("done", "frame", "close")
+    __slots__ = ("done", "frame", "close", "throttle", "hold")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.frame: bytes | None = None
         self.close = False
+        self.throttle = 0.0  # seconds the connection is muted after this response
+        self.hold = False  # a pre-KIP-219 client: hold the response back that long instead
 
 
 class Connection:
@@ -71,6 +107,13 @@ class Connection:
         self.stream = stream
         self.handlers = handlers
         self.reader = FrameReader(max_frame_bytes)
+        # Who is speaking: ANONYMOUS until authentication (issue 24) sets it.
+        self.principal: KafkaPrincipal = ANONYMOUS
+        # Muting (KIP-219): throttled responses not sent yet, and until when (trio time)
+        # nothing more is started after the last one sent.
+        self._throttled_pending = 0
+        self._muted_until = -math.inf
+        self._unmuted = trio.Event()
         try:
             host, port = stream.socket.getpeername()[:2]
             self.peer = f"{host}:{port}"
@@ -103,12 +146,19 @@ class Connection:
                         return
                     self.reader.feed(data)
                     continue
+                if self._throttled_pending or trio.current_time() < self._muted_until:
+                    await self._wait_unmuted()
                 slot = _Slot()
                 started = self._start_request(nursery, frame, slot)
                 if started is None:
                     return
                 await slots.send(slot)
                 await started.wait()
+                if self.node.quotas.request.limits and self._under_request_quota(frame):
+                    # As Kafka, which reads a connection's next request only once the last
+                    # one is answered: a request's handler time is known only when it is
+                    # done, and pipelined requests would overshoot the quota meanwhile.
+                    await slot.done.wait()
 
     def _start_request(self, nursery: trio.Nursery, frame: bytes, slot: _Slot) -> trio.Event | None:
         """Decode and start the handler. Returns the event set once its effects are applied,
@@ -130,12 +180,25 @@ class Connection:
             log.warning("closing connection from %s: api key %d version %d is not supported",
                         self.peer, api_key, api_version)
             return None
+        timed = self.node.quotas.timer is not None
+        decode_started = time.perf_counter() if timed else 0.0
         try:
             request = decode_request(frame)
         except MalformedRequest as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
             return None
-        ctx = RequestContext(self, request)
+        ctx = RequestContext(self, request, len(frame),
+                             time.perf_counter() - decode_started if timed else 0.0)
+        if api_key == ApiKey.PRODUCE and self.node.quotas.produce.limits and (
+                not ctx.quota_exempt):
+            # A Produce is charged its bytes as it starts (Kafka charges them once the batch
+            # is appended, which is the same moment here: before the wait for durability), so
+            # the next request on the connection waits for a throttle already.
+            ctx.throttle = self.node.quotas.record_produce(
+                self.principal.name, ctx.client_id, ctx.size, trio.current_time())
+            if ctx.throttle > 0:
+                ctx.throttle_kind = "produce"
+                self._throttle(slot, ctx.throttle, request.header)
         nursery.start_soon(self._run_handler, self.handlers[api_key], ctx, slot)
         return ctx._applied
 
@@ -143,10 +206,25 @@ class Connection:
         header = ctx.header
         metrics = self.node.metrics
         started = time.perf_counter()
+        timer = self.node.quotas.timer
+        task = trio.lowlevel.current_task()
+        if timer is not None:
+            timer.track(task)
         try:
             body = await handler(self.node, ctx, ctx.request.body)
+            throttle = self._charge(ctx, timer, task)
+            if throttle > 0:
+                body = _with_throttle(body, throttle)
+                self._throttle(slot, throttle, header)
+                metrics.quota_throttled(ctx.throttle_kind, throttle)
             if body is not None:
+                encode_started = time.perf_counter()
                 slot.frame = encode_response(header.correlation_id, body)
+                if timer is not None and not ctx.quota_exempt:  # Kafka's network-thread
+                    # time: charged, never throttling
+                    self.node.quotas.record_request_time_no_throttle(
+                        ctx.principal.name, ctx.client_id,
+                        time.perf_counter() - encode_started, trio.current_time())
                 error = getattr(body, "error_code", None)  # a response's top-level error
                 if error:
                     metrics.request_error(header.api_key, header.api_version,
@@ -162,10 +240,45 @@ class Connection:
             slot.close = True
             metrics.request_error(header.api_key, header.api_version, "HANDLER_FAILED")
         finally:
+            if timer is not None:
+                timer.done(task)
             metrics.request(header.api_key, header.api_version).observe(
                 time.perf_counter() - started)
             ctx.applied()
             slot.done.set()
+
+    def _under_request_quota(self, frame: bytes) -> bool:
+        client_id = peek_client_id(frame) or ""
+        return client_id != FORWARDED_CLIENT_ID and self.node.quotas.request.quota(
+            self.principal.name, client_id) is not None
+
+    def _charge(self, ctx: RequestContext, timer, task) -> float:
+        """The request's throttle in seconds: the largest of its byte-rate quota's (a
+        Produce's, charged as it started; a Fetch's, decided by its handler) and its request
+        quota's (the handler time so far, decoding included)."""
+        throttle = ctx.throttle
+        if timer is not None and not ctx.quota_exempt:
+            spent = ctx.decode_seconds + timer.done(task)
+            timer.track(task)  # encoding is charged apart, without throttling (below)
+            request = self.node.quotas.record_request_time(
+                ctx.principal.name, ctx.client_id, spent, trio.current_time())
+            if request > throttle:
+                throttle, ctx.throttle_kind = request, "request"
+        return throttle
+
+    def _throttle(self, slot: _Slot, throttle: float, header) -> None:
+        if not slot.throttle:
+            self._throttled_pending += 1  # until the writer sends it
+        slot.throttle = max(slot.throttle, throttle)
+        slot.hold = not client_throttles(header.api_key, header.api_version)
+
+    async def _wait_unmuted(self) -> None:
+        while self._throttled_pending or trio.current_time() < self._muted_until:
+            if self._throttled_pending:
+                self._unmuted = trio.Event()
+                await self._unmuted.wait()
+            else:
+                await trio.sleep_until(self._muted_until)
 
     async def _write_responses(self, slots: trio.MemoryReceiveChannel,
                                cancel_scope: trio.CancelScope) -> None:
@@ -174,8 +287,34 @@ class Connection:
                 await slot.done.wait()
                 if slot.close:
                     break
+                if slot.throttle and slot.hold:
+                    await trio.sleep(slot.throttle)
                 if slot.frame is not None:
                     await self.stream.send_all(slot.frame)
+                if slot.throttle:
+                    self._throttled_pending -= 1
+                    if not slot.hold:
+                        self._muted_until = max(self._muted_until,
+                                                trio.current_time() + slot.throttle)
+                    self._unmuted.set()
         # The reader stopped (peer closed or bad input) or a handler asked to close: everything
         # still running for this connection has no one to answer to.
         cancel_scope.cancel()
+
+
+def _with_throttle(body: Any, seconds: float) -> Any:
+    """The response with its throttle_time_ms set. A response encoded ahead (a cached
+    Metadata answer) is patched in place when throttle_time_ms is its first field, as in
+    every version that has it; a response without the field is only muted."""
+    ms = min(round(seconds * 1000), 2**31 - 1)
+    if isinstance(body, EncodedBody):
+        fields = dataclasses.fields(body.schema)
+        if fields and fields[0].name == "throttle_time" and len(body.payload) >= 4:
+            return EncodedBody(body.schema, _THROTTLE_MS.pack(ms) + body.payload[4:])
+        return body
+    if body is None or not hasattr(body, "throttle_time"):
+        return body
+    return dataclasses.replace(body, throttle_time=datetime.timedelta(milliseconds=ms))
+
+
+_THROTTLE_MS = struct.Struct(">i")

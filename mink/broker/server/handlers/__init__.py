@@ -5,6 +5,7 @@ from mink.protocol.apis import ADVERTISED, ApiKey
 from . import (
     add_offsets_to_txn,
     add_partitions_to_txn,
+    alter_client_quotas,
     alter_configs,
     alter_partition_reassignments,
     alter_replica_log_dirs,
@@ -14,6 +15,7 @@ from . import (
     delete_groups,
     delete_records,
     delete_topics,
+    describe_client_quotas,
     describe_cluster,
     describe_configs,
     describe_groups,
@@ -84,6 +86,8 @@ HANDLERS = {
     ApiKey.DESCRIBE_PRODUCERS: describe_producers.handle,
     ApiKey.DESCRIBE_TRANSACTIONS: describe_transactions.handle,
     ApiKey.LIST_TRANSACTIONS: list_transactions.handle,
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: describe_client_quotas.handle,
+    ApiKey.ALTER_CLIENT_QUOTAS: alter_client_quotas.handle,
 }
 
 # A client must never be offered an API that then fails.

@@ -1,6 +1,10 @@
 """Fetch: committed batches from the partitions' logs, long-polling on commits until
 `min_bytes` are there or `max_wait` has passed. Fetch sessions are not kept: every answer
-carries session id 0, which clients accept as "full fetch each time"."""
+carries session id 0, which clients accept as "full fetch each time".
+
+The consumer byte-rate quota as Kafka's KafkaApis applies it: a fetch reads at most what
+the quota allows in its windows, its response's bytes are charged, and a fetch that passes
+the quota is answered without records (the bytes unrecorded), throttled."""
 
 from __future__ import annotations
 
@@ -49,12 +53,26 @@ async def handle(node, ctx, request):
             reads.append(read)
     deadline = trio.current_time() + request.max_wait.total_seconds()
     committed_only = request.isolation_level == read_committed.READ_COMMITTED
+    quota = node.quotas.fetch
+    user, client_id = ctx.principal.name, ctx.client_id
+    max_bytes = request.max_bytes
+    charged = bool(quota.limits) and not ctx.quota_exempt
+    if charged:
+        max_bytes = int(min(max_bytes, quota.max_value_in_window(user, client_id)))
     while True:
-        total = await _read_all(reads, request.max_bytes, committed_only)
+        total = await _read_all(reads, max_bytes, committed_only)
         if total >= request.min_bytes or trio.current_time() >= deadline or (
                 any(r.error for r in reads)):
             break
         await _wait_for_commit(reads, deadline)
+    if charged:
+        now = trio.current_time()
+        size = sum(r.size for r in reads)
+        ctx.throttle = quota.record(user, client_id, size, now)
+        if ctx.throttle > 0:  # Kafka's getThrottledResponse: no records, bytes unrecorded
+            quota.unrecord(user, client_id, size, now)
+            for read in reads:
+                read.records, read.size = [], 0
     if committed_only:
         await _find_aborted(node, reads)
     return _response(node, version, reads)
