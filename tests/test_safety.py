@@ -161,6 +161,42 @@ async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline
         await client.aclose()
 
 
+async def test_renewals_do_not_queue_behind_a_busy_pool(pg_url, store_url, nursery):
+    """Every connection of the node's pool busy for twice lease_ttl (slow statements: a
+    catch-up read's index lookups, tiering, commits on a loaded server): the membership's
+    renewals go over a connection of their own, so the node keeps leading at the same
+    epoch. (A renewal that waited for a pooled connection fenced it.)"""
+    import functools
+
+    from mink.broker.node import run_node
+    from mink.storage.controlplane.postgres import READ
+    from tests.support.nodes import node_config
+
+    ttl = 3.0
+    done, started = [], []
+
+    async def hold_a_connection(node) -> None:
+        await node.metadata.fetch_one(READ, "SELECT pg_sleep(%s)", (2 * ttl,))
+        done.append(1)
+
+    def hog_the_pool(node) -> None:
+        # Started from the node's own task: its trio-asyncio loop runs the pool.
+        for _ in range(node.metadata._max_size):
+            node.nursery.start_soon(hold_a_connection, node)
+        started.append(node)
+
+    await nursery.start(functools.partial(
+        run_node, node_config(pg_url, store_url, lease_ttl=ttl, coordinator_tick=0.5),
+        freeze_heap=False, on_started=hog_the_pool))
+    (node,) = started
+    epoch = node.membership.node_epoch
+    with trio.fail_after(4 * ttl):
+        while len(done) < node.metadata._max_size:
+            assert node.membership.may_lead(), "fenced while its pool was busy"
+            await trio.sleep(0.05)
+    assert node.membership.node_epoch == epoch
+
+
 # -- 3. InitProducerId during an outage --------------------------------------------------------
 
 COORDINATOR_NOT_AVAILABLE = 15

@@ -131,7 +131,13 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
         adv_host, adv_port = config.advertised_address()
         node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
         nursery.start_soon(node.quotas.run)
-        await node.membership.register_at_start()
+        await node.membership.open_store()
+        try:
+            await node.membership.register_at_start()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await node.membership.close_store()
+            raise
         try:
             await node.membership.start_streams()
             node.ready.set()
@@ -165,4 +171,6 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                         log.info("node %d left the cluster", node.node_id)
                     except Exception as exc:  # the membership expires by itself
                         log.warning("could not leave cleanly: %s", exc)
+            with trio.CancelScope(shield=True):
+                await node.membership.close_store()
 

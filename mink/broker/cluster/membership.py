@@ -37,6 +37,27 @@ class Membership:
         # Others may take this node's partitions lease_ttl after its last successful renewal
         # was sent; it stops acting as a leader a margin before that (self-fencing).
         self.lease_margin = max(0.5, config.lease_ttl / 10)
+        # Registrations and renewals go over a connection of their own (`open_store`), so
+        # they never queue in the node's pool behind the data path's statements (index
+        # lookups of a catch-up read, commits, tiering): a renewal waiting for a pooled
+        # connection past its deadline fenced a busy node that PostgreSQL would have renewed.
+        self.store: md.MetadataStore | None = None
+
+    async def open_store(self) -> None:
+        node = self.node
+        self.store = await md.MetadataStore.open(
+            node.metadata.conninfo, min_size=1, max_size=1, migrate=False,
+            timeout=node.metadata.timeout, op_timeout=node.metadata.op_timeout,
+            name="mink-membership")
+
+    async def close_store(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            await store.aclose()
+
+    @property
+    def _metadata(self) -> md.MetadataStore:
+        return self.store if self.store is not None else self.node.metadata
 
     @property
     def valid_until(self) -> float:
@@ -69,7 +90,8 @@ class Membership:
             with trio.move_on_at(deadline) as cut:
                 try:
                     if was_leading:
-                        await node.metadata.heartbeat(node.node_id, self.node_epoch, ttl_s=ttl)
+                        await self._metadata.heartbeat(node.node_id, self.node_epoch,
+                                                       ttl_s=ttl)
                         # A heartbeat that returned only after this node stopped leading (a
                         # hung call; the watchdog fenced it) renews nothing: register anew.
                         if self.leading:
@@ -181,7 +203,7 @@ class Membership:
         ttl = node.config.lease_ttl
         # Another incarnation renewed within about 1.5 renewal intervals is alive: refused.
         # A crashed one stops renewing, so a restart after a SIGKILL is accepted soon.
-        self.node_epoch = await node.metadata.register_node(
+        self.node_epoch = await self._metadata.register_node(
             node.node_id, host, port, rack=node.config.rack, ttl_s=ttl,
             incarnation=self.incarnation, guard_s=1.5 * ttl / 3)
         self.last_renewal_sent = sent
