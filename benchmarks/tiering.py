@@ -34,6 +34,10 @@ rows of every partition the leader is committing to. A node's own pace, for comp
 tiering_delay_ms and tiering_stream_object_bytes), with phases of a minute or more. Reported: the
 latency from append to durable (uploaded and committed) p50 / p99 / p99.9 / max per mode,
 errors, stream objects swapped. Results: `<out>/tiering-commit-latency-<timestamp>.json`.
+With `--io-phases`, a third mode, "io", follows each "on" phase: the bare I/O of tiering and
+nothing else, i.e. objects of the sizes the last "on" phase's rounds created, written (and
+fsynced) at the same times in its rounds, then deleted; no reads, no PostgreSQL, no swaps.
+"on" against "io" is what tiering costs a leader beyond the disk writes it must make.
 """
 
 from __future__ import annotations
@@ -269,9 +273,12 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                                       base_timestamp=1_700_000_000_000))
             streams = Streams(1, epoch, files, metadata)  # a file:// node's WAL settings
             phases: list[dict[str, Any]] = []
-            latencies: dict[str, list[float]] = {"off": [], "on": []}
-            errors = {"off": 0, "on": 0}
-            swapped = {"off": 0, "on": 0}
+            modes = ("off", "on", "io") if args.io_phases else ("off", "on")
+            latencies: dict[str, list[float]] = {m: [] for m in modes}
+            errors = {m: 0 for m in modes}
+            swapped = {m: 0 for m in modes}
+            # The "on" phase's rounds: (seconds into the phase, [object sizes]) for "io".
+            rounds_written: list[tuple[float, list[int]]] = []
             async with trio.open_nursery() as nursery:
                 await nursery.start(streams.run)
                 logs = [await streams.open(topic.topic_id, p, 0) for p in range(args.partitions)]
@@ -288,10 +295,14 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
 
                 async def tiering_rounds(mode: str) -> None:
                     limiter = trio.CapacityLimiter(4)
+                    phase_started = trio.current_time()
+                    rounds_written.clear()
                     while True:
                         plans = tiering.plan_stream_objects(
                             await tiering.wal_rows(metadata, args.due_after_s),
                             args.stream_object_kib * 1024)
+                        rounds_written.append((trio.current_time() - phase_started,
+                                               [p.size for p in plans]))
 
                         async def job(plan) -> None:
                             async with limiter:
@@ -307,13 +318,32 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                                 jobs.start_soon(job, plan)
                         await trio.sleep(args.round_interval_s)
 
-                for i in range(2 * args.phases):
-                    mode = "off" if i % 2 == 0 else "on"
+                async def bare_io(mode: str) -> None:
+                    """The last "on" phase's object writes, at its rounds' times."""
+                    limiter = trio.CapacityLimiter(4)
+                    phase_started = trio.current_time()
+                    for n, (at, sizes) in enumerate(list(rounds_written)):
+                        await trio.sleep_until(phase_started + at)
+
+                        async def write(key: str, size: int) -> None:
+                            async with limiter:
+                                await files.create(key, bytes(size))
+                                swapped[mode] += 1
+                                await files.delete(key)
+
+                        async with trio.open_nursery() as writes:
+                            for j, size in enumerate(sizes):
+                                writes.start_soon(write, f"bare-io/{n}-{j}", size)
+
+                for i in range(len(modes) * args.phases):
+                    mode = modes[i % len(modes)]
                     before = len(latencies[mode])
                     until = trio.current_time() + args.phase_s
                     async with trio.open_nursery() as phase:
                         if mode == "on":
                             phase.start_soon(tiering_rounds, mode)
+                        elif mode == "io":
+                            phase.start_soon(bare_io, mode)
                         async with trio.open_nursery() as producers:
                             for log in logs:
                                 producers.start_soon(producer, log, mode, until)
@@ -328,6 +358,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                     "off": {**_percentiles(latencies["off"]), "errors": errors["off"]},
                     "on": {**_percentiles(latencies["on"]), "errors": errors["on"],
                            "stream_objects_swapped": swapped["on"]},
+                    **({"io": {**_percentiles(latencies["io"]), "errors": errors["io"],
+                               "objects_written": swapped["io"]}} if args.io_phases else {}),
                     "wal_rows_left": backlog_rows}
         finally:
             with trio.CancelScope(shield=True):
@@ -352,17 +384,19 @@ def main_commit_latency(args, argv) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result["command"] = "python -m benchmarks.tiering " + " ".join(argv or sys.argv[1:])
     (args.out / f"tiering-commit-latency-{stamp}.json").write_text(json.dumps(result, indent=2))
-    off, on = result["off"], result["on"]
+    off, on, io = result["off"], result["on"], result.get("io")
     md = [f"# Tiering beside a leader's commits {stamp}", "", f"`{result['command']}`", "",
           f"{args.partitions} partitions, a ~4 KiB batch every {args.append_interval_ms} ms "
           f"each, tiering rounds every {args.round_interval_s} s (rows due from "
           f"{args.due_after_s} s, stream objects of {args.stream_object_kib} KiB), "
           f"{args.phases} phases of {args.phase_s} s per mode, alternating; load "
           f"average {result['load_average'][0][0]:.1f} -> {result['load_average'][1][0]:.1f}.",
-          "", "| append to durable | tiering off | tiering on |", "| --- | ---: | ---: |",
-          *[f"| {k} | {off.get(k)} | {on.get(k)} |"
+          "", "| append to durable | tiering off | tiering on |" + (
+              " its bare I/O |" if io else ""), "| --- | ---: | ---: |" + (" ---: |" if io else ""),
+          *[f"| {k} | {off.get(k)} | {on.get(k)} |" + (f" {io.get(k)} |" if io else "")
             for k in ("n", "p50_ms", "p99_ms", "p999_ms", "max_ms", "errors")],
-          f"| stream objects swapped | 0 | {on['stream_objects_swapped']} |", "",
+          f"| stream objects swapped | 0 | {on['stream_objects_swapped']} |" + (
+              f" 0 ({io['objects_written']} objects written) |" if io else ""), "",
           "Per phase: " + "; ".join(f"{p['mode']} p50 {p.get('p50_ms')} p99 {p.get('p99_ms')}"
                                     for p in result["phases"])]
     (args.out / f"tiering-commit-latency-{stamp}.md").write_text("\n".join(md) + "\n")
@@ -393,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
                              "delay's half, 30 s by default)")
     parser.add_argument("--stream-object-kib", type=int, default=256,
                         help="commit-latency: stream object target (a node's: 32768)")
+    parser.add_argument("--io-phases", action="store_true",
+                        help="commit-latency: an \"io\" phase after each \"on\" one: its "
+                             "object writes alone (no tiering)")
     parser.add_argument("--round-interval-s", type=float, default=0.25,
                         help="commit-latency: pause between tiering rounds")
     args = parser.parse_args(argv)
