@@ -227,7 +227,10 @@ class TransactionalProducer(Worker):
             except KafkaException as exc:  # fatal (fenced, or a state the client gives up on)
                 self.history.record("producer_closed", producer=producer_name,
                                     fatal=str(exc.args[0]))
-            producer.flush(5)
+            try:
+                producer.flush(5)
+            except KafkaException:  # a producer in a fatal state raises it again here
+                pass
             session += 1
 
     def _init(self, producer: Any) -> None:
