@@ -44,6 +44,11 @@ Reported, not failing
   while it had acknowledged records the group had not read.
 - stalled_producer (liveness): a producer session without any acknowledgement for longer than
   the bound while it kept sending.
+Liveness is asked of the cluster once a fault is over: a gap is counted from the end of the
+last fault that began before the gap ended (or from the gap's start, if later), so faults
+every few seconds that keep a partition moving between nodes do not make one long stall of
+it. Each stall says how long the whole gap was (`seconds`) and how long of it came after the
+faults (`after_faults`, what is held to the bound).
 """
 
 from __future__ import annotations
@@ -357,6 +362,29 @@ def faults_in(facts: Facts, start: float, end: float) -> list[str]:
             if f["phase"] == "start" and start <= f["t"] <= end]
 
 
+def fault_ends(facts: Facts) -> list[tuple[float, float]]:
+    """(start, end) of each fault, in start order; a fault never ended lasts to the end."""
+    spans: list[tuple[float, float]] = []
+    open_at: dict[str, list[float]] = defaultdict(list)
+    for f in sorted(facts.faults, key=lambda f: f["t"]):
+        if f["phase"] == "start":
+            open_at[f["fault"]].append(f["t"])
+        elif open_at[f["fault"]]:
+            spans.append((open_at[f["fault"]].pop(0), f["t"]))
+    spans += [(t, facts.end_t) for starts in open_at.values() for t in starts]
+    return sorted(spans)
+
+
+def counted_from(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Where a gap [t0, t1] starts to count: after every fault that began before t1 and
+    ended inside the gap."""
+    start = t0
+    for begun, ended in spans:
+        if begun < t1 and ended > start:
+            start = min(max(start, ended), t1)
+    return start
+
+
 def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
     reads: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for r in facts.reads:
@@ -366,6 +394,7 @@ def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
         if a["offset"] is not None:
             acks[a["partition"]].append((a["t"], a["offset"]))
     end = facts.run.get("consume_until", facts.end_t)
+    spans = fault_ends(facts)
     for partition in sorted(acks):
         ack_list = sorted(acks[partition])
         ack_times = [t for t, _ in ack_list]
@@ -381,7 +410,8 @@ def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
             points.append((t, position))
         points.append((end, None))
         for (t0, pos), (t1, _) in zip(points, points[1:]):
-            if t1 - t0 <= bound:
+            counted = counted_from(spans, t0, t1)
+            if t1 - counted <= bound:
                 continue
             # was something acknowledged and not yet read, bound seconds into the gap?
             i = bisect.bisect_right(ack_times, t1 - bound)
@@ -389,6 +419,7 @@ def check_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
                 out["stalled_partition"].append({"partition": partition, "from": round(t0, 2),
                                                  "to": round(t1, 2),
                                                  "seconds": round(t1 - t0, 2),
+                                                 "after_faults": round(t1 - counted, 2),
                                                  "position": pos, "bound": bound,
                                                  "faults_before": faults_in(facts, t0 - bound, t0 + 1.0),
                                                  "faults_during": len(faults_in(facts, t0 + 1.0, t1))})
@@ -401,12 +432,14 @@ def check_producer_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
     acks: dict[str, list[float]] = defaultdict(list)
     for a in facts.acks.values():
         acks[a["producer"]].append(a["t"])
+    spans = fault_ends(facts)
     for producer, send_times in sorted(sends.items()):
         send_times.sort()
         points = [send_times[0], *sorted(acks.get(producer, ())), send_times[-1]]
         points.sort()
         for t0, t1 in zip(points, points[1:]):
-            if t1 - t0 <= bound:
+            counted = counted_from(spans, t0, t1)
+            if t1 - counted <= bound:
                 continue
             sent = bisect.bisect_right(send_times, t1 - bound) - bisect.bisect_left(send_times, t0)
             if sent > 0:
@@ -414,6 +447,7 @@ def check_producer_stalls(facts: Facts, out: Anomalies, bound: float) -> None:
                              if f["producer"] == producer and t0 <= f["t"] <= t1)
                 out["stalled_producer"].append({"producer": producer, "from": round(t0, 2),
                                                 "to": round(t1, 2), "seconds": round(t1 - t0, 2),
+                                                "after_faults": round(t1 - counted, 2),
                                                 "sent_meanwhile": sent, "failed_meanwhile": failed,
                                                 "faults_before": faults_in(facts, t0 - bound, t0 + 1.0),
                                                  "faults_during": len(faults_in(facts, t0 + 1.0, t1))})

@@ -243,6 +243,39 @@ def test_stalled_partition_is_reported_not_failed():
     assert safety_failures(anomalies) == 0
 
 
+@pytest.mark.parametrize("last_fault_ends, stalled", [(53.0, False), (30.0, True)])
+def test_a_stall_is_counted_from_the_end_of_the_faults_in_it(last_fault_ends, stalled):
+    """Faults one after the other keep partition 1 unread from t=15 to t=55: liveness is
+    asked once they are over, so the gap counts from the end of the last fault in it (2 s
+    later: no stall; 25 s later: a stall, with the part after the faults given)."""
+    events = copy.deepcopy(clean_history())
+    for e in events:
+        if e["type"] == "consumers_stopped":
+            e["t"] = 60.0
+    at = next(i for i, e in enumerate(events) if e["type"] == "consumers_stopped")
+    events[at:at] = [
+        {"t": 15.0, "type": "send", "producer": "plain-0", "id": "plain-0-8", "seq": 8},
+        {"t": 15.1, "type": "ack", "producer": "plain-0", "id": "plain-0-8", "partition": 1,
+         "offset": 4},
+        *[{"t": t, "type": "fault", "fault": "kill", "phase": phase, "detail": {"node": 1}}
+          for start in (16.0, 24.0) for t, phase in ((start, "start"), (start + 6, "end"))],
+        {"t": last_fault_ends - 6, "type": "fault", "fault": "pause", "phase": "start",
+         "detail": {"node": 2}},
+        {"t": last_fault_ends, "type": "fault", "fault": "pause", "phase": "end",
+         "detail": {"node": 2}},
+        {"t": 55.0, "type": "read", "consumer": "c-0", "partition": 1, "offset": 4,
+         "id": "plain-0-8"},
+    ]
+    events.sort(key=lambda e: e["t"])
+    append_final_copy(events, "plain-0-8", 1, 4)
+    stalls = check(events)["stalled_partition"]
+    if stalled:
+        [stall] = stalls
+        assert stall["seconds"] > 39 and stall["after_faults"] == pytest.approx(25.0)
+    else:
+        assert stalls == []
+
+
 @pytest.mark.parametrize("partition, offset", [(0, 0), (1, 3)])
 def test_read_absent_from_the_final_log(partition, offset):
     events = clean_history()
