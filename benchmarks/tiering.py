@@ -294,7 +294,7 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                         await trio.sleep(args.append_interval_ms / 1000)
 
                 async def tiering_rounds(mode: str) -> None:
-                    limiter = trio.CapacityLimiter(4)
+                    limiter = trio.CapacityLimiter(args.jobs)
                     phase_started = trio.current_time()
                     rounds_written.clear()
                     while True:
@@ -320,7 +320,7 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
 
                 async def bare_io(mode: str) -> None:
                     """The last "on" phase's object writes, at its rounds' times."""
-                    limiter = trio.CapacityLimiter(4)
+                    limiter = trio.CapacityLimiter(args.jobs)
                     phase_started = trio.current_time()
                     for n, (at, sizes) in enumerate(list(rounds_written)):
                         await trio.sleep_until(phase_started + at)
@@ -427,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
                              "delay's half, 30 s by default)")
     parser.add_argument("--stream-object-kib", type=int, default=256,
                         help="commit-latency: stream object target (a node's: 32768)")
+    parser.add_argument("--jobs", type=int, default=4,
+                        help="commit-latency: stream objects written at once (a node's "
+                             "tiering_concurrency, 4)")
     parser.add_argument("--io-phases", action="store_true",
                         help="commit-latency: an \"io\" phase after each \"on\" one: its "
                              "object writes alone (no tiering)")
