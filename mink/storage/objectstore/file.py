@@ -198,8 +198,6 @@ class FileObjectStore:
         for key, path, start, end in paths:
             try:
                 out.append(self._get_sync(key, path, start, end))
-            except ObjectStoreError:
-                raise
             except OSError as exc:
                 raise self._os_error("get", key, exc) from exc
         return out
