@@ -1,0 +1,59 @@
+"""A confluent-kafka consumer with group.protocol=consumer, as a subprocess for the tests of
+KIP-848 consumer groups: one JSON line per event on stdout (assigned, revoked, a message
+consumed and synchronously committed); SIGTERM closes it (leaving the group), SIGKILL does
+not. Arguments: bootstrap group topic [extra librdkafka settings as key=value]."""
+
+import json
+import signal
+import sys
+
+from confluent_kafka import Consumer, KafkaException
+
+bootstrap, group, topic, *extra = sys.argv[1:]
+stopping = False
+
+
+def on_term(signum, frame):
+    global stopping
+    stopping = True
+
+
+signal.signal(signal.SIGTERM, on_term)
+
+
+def emit(**event):
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+conf.update(item.split("=", 1) for item in extra)
+consumer = Consumer(conf)
+consumer.subscribe(
+    [topic],
+    on_assign=lambda c, ps: emit(event="assigned", partitions=[p.partition for p in ps]),
+    on_revoke=lambda c, ps: emit(event="revoked", partitions=[p.partition for p in ps]),
+    on_lost=lambda c, ps: emit(event="lost", partitions=[p.partition for p in ps]))
+emit(event="started", member=None)
+while not stopping:
+    msg = consumer.poll(0.1)
+    if msg is None:
+        continue
+    if msg.error():
+        emit(event="error", error=str(msg.error()))
+        continue
+    while True:
+        try:
+            consumer.commit(message=msg, asynchronous=False)
+            emit(event="message", partition=msg.partition(), offset=msg.offset(),
+                 value=msg.value().decode())
+            break
+        except KafkaException as exc:
+            # a commit refused (the partition moved meanwhile): the message is not counted
+            # as consumed; the next owner reads it again from the committed offset
+            emit(event="commit_failed", partition=msg.partition(), offset=msg.offset(),
+                 error=str(exc))
+            break
+consumer.close()
+emit(event="closed")
