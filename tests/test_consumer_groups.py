@@ -74,7 +74,11 @@ class ConsumerProcess:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # close() hanging (its broker gone): never leave it behind
+            self.proc.wait(10)
         self._reader.join(5)
 
     def kill(self) -> None:
@@ -343,4 +347,161 @@ async def test_one_consumer_consumes(node):
         await wait_for(lambda: len(c.of("message")) >= 120, what="120 messages")
         assert c.owned() == set(range(12))
     finally:
+        await trio.to_thread.run_sync(c.stop)
+
+
+class Producing:
+    """A producer thread: values 0, 1, 2, ... round-robin over the partitions, until
+    stopped; `delivered` holds (partition, offset, value) of every acknowledged message."""
+
+    def __init__(self, address: str, topic: str, partitions: int, rate: float = 300) -> None:
+        self.address, self.topic, self.partitions, self.rate = address, topic, partitions, rate
+        self.delivered: list[tuple[int, int, str]] = []
+        self.errors: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.address, "linger.ms": 5,
+                             "enable.idempotence": True})
+
+        def on_delivery(err, msg):
+            if err:
+                self.errors.append(err)
+            else:
+                self.delivered.append((msg.partition(), msg.offset(), msg.value().decode()))
+
+        i = 0
+        while not self._stop.is_set():
+            producer.produce(self.topic, value=str(i).encode(), partition=i % self.partitions,
+                             on_delivery=on_delivery)
+            producer.poll(0)
+            i += 1
+            time.sleep(1 / self.rate)
+        assert producer.flush(60) == 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(90)
+
+
+def stop_all(producing, consumers) -> None:
+    """Blocking: never on the trio thread, which runs the node."""
+    producing.stop()
+    for c in consumers:
         c.stop()
+
+
+def owners_settled(consumers, per_member: int, partitions: int) -> bool:
+    owned = [c.owned() for c in consumers]
+    union = set().union(*owned)
+    return (len(union) == partitions and sum(len(o) for o in owned) == partitions
+            and all(len(o) == per_member for o in owned))
+
+
+def consumed_counts(consumers) -> dict[tuple[int, int], int]:
+    counts: dict[tuple[int, int], int] = {}
+    for c in consumers:
+        for e in c.of("message"):
+            key = (e["partition"], e["offset"])
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def no_partition_owned_twice(caplog) -> None:
+    """The coordinator logs an error if it ever records a partition for a second member."""
+    assert not [r for r in caplog.records if "given partitions held by others" in r.message]
+
+
+async def test_join_and_leave_move_only_what_must_move(node, caplog):
+    """Three consumers over 12 partitions under a producer; a fourth joins, then one leaves.
+    Only the partitions that move are revoked (one from each of the three when the fourth
+    joins, none when one leaves); every message is consumed exactly once with synchronous
+    commits."""
+    topic, group = "kip848-load", "g-load"
+    await trio.to_thread.run_sync(create_topic, node, topic, 12)
+    producing = Producing(node, topic, 12)
+    consumers = [ConsumerProcess(node, group, topic, name) for name in "abc"]
+    try:
+        await wait_for(lambda: owners_settled(consumers, 4, 12), what="3 x 4 partitions")
+        before = {c.name: len(c.of("revoked")) for c in consumers}
+        d = ConsumerProcess(node, group, topic, "d")
+        joined_at = time.monotonic()
+        consumers.append(d)
+        await wait_for(lambda: owners_settled(consumers, 3, 12), what="4 x 3 partitions")
+        stable_after = time.monotonic() - joined_at
+        revoked = {c.name: [p for e in c.of("revoked")[before[c.name]:]
+                            for p in e["partitions"]]
+                   for c in consumers[:3]}
+        # each of the three gave up exactly one partition, and only that one
+        assert sorted(len(v) for v in revoked.values()) == [1, 1, 1], revoked
+        assert {c.name: len(c.of("revoked")) - before[c.name] for c in consumers[:3]} == {
+            "a": 1, "b": 1, "c": 1}
+        assert sorted(p for v in revoked.values() for p in v) == sorted(d.owned())
+        # the partitions that stayed kept being consumed while d joined
+        stayed = set(range(12)) - d.owned()
+        await wait_for(lambda: stayed <= {e["partition"] for c in consumers[:3]
+                                          for e in c.of("message") if e["at"] > joined_at},
+                       what="messages of every partition that stayed")
+        b = consumers[1]
+        b_partitions = b.owned()
+        await trio.to_thread.run_sync(b.stop)  # closes: leaves with member epoch -1
+        rest = [consumers[0], consumers[2], d]
+        revoked_before = {c.name: len(c.of("revoked")) for c in rest}
+        await wait_for(lambda: owners_settled(rest, 4, 12), what="3 x 4 partitions again")
+        assert {c.name: len(c.of("revoked")) for c in rest} == revoked_before
+        assert set().union(*(c.owned() for c in rest)) >= b_partitions
+        await trio.to_thread.run_sync(producing.stop)
+        assert not producing.errors
+        expected = {(p, o) for p, o, _ in producing.delivered}
+        await wait_for(lambda: set(consumed_counts(consumers)) >= expected,
+                       what="every delivered message consumed")
+        await trio.sleep(1)
+        counts = consumed_counts(consumers)
+        assert not [c.of("commit_failed") for c in consumers if c.of("commit_failed")]
+        twice = {k: n for k, n in counts.items() if n > 1}
+        assert not twice, f"read twice: {sorted(twice)[:10]}"
+        no_partition_owned_twice(caplog)
+        print(f"4th member joining -> 4 x 3 partitions owned in {stable_after:.2f} s; "
+              f"{len(expected)} messages, commit retries "
+              f"{sum(len(c.of('commit_retry')) for c in consumers)}")
+    finally:
+        await trio.to_thread.run_sync(stop_all, producing, consumers)
+
+
+async def test_killed_member_is_expelled_after_the_session_timeout(node, caplog):
+    """A consumer SIGKILLed (no leave) keeps its partitions until the broker's session
+    timeout expels it; then they move to the others, which read on from the committed
+    offsets (at most the killed one's last message per partition is read again)."""
+    topic, group = "kip848-kill", "g-kill"
+    await trio.to_thread.run_sync(create_topic, node, topic, 12)
+    producing = Producing(node, topic, 12, rate=100)
+    consumers = [ConsumerProcess(node, group, topic, name) for name in "abc"]
+    try:
+        await wait_for(lambda: owners_settled(consumers, 4, 12), what="3 x 4 partitions")
+        victim = consumers[2]
+        victim_partitions = victim.owned()
+        await trio.to_thread.run_sync(victim.kill)
+        killed_at = time.monotonic()
+        rest = consumers[:2]
+        await wait_for(lambda: owners_settled(rest, 6, 12), what="2 x 6 partitions")
+        moved_after = time.monotonic() - killed_at
+        # not before the session timeout (less a heartbeat's slack), not much after it
+        assert SESSION_MS / 1000 - 0.5 <= moved_after <= SESSION_MS / 1000 + 5, moved_after
+        assert victim_partitions <= set().union(*(c.owned() for c in rest))
+        await trio.to_thread.run_sync(producing.stop)
+        expected = {(p, o) for p, o, _ in producing.delivered}
+        await wait_for(lambda: set(consumed_counts(consumers)) >= expected,
+                       what="every delivered message consumed")
+        counts = consumed_counts(consumers)
+        twice = {k for k, n in counts.items() if n > 1}
+        assert {p for p, _ in twice} <= victim_partitions
+        assert len(twice) <= len(victim_partitions)
+        no_partition_owned_twice(caplog)
+        print(f"killed member's partitions moved after {moved_after:.2f} s "
+              f"(session timeout {SESSION_MS} ms)")
+    finally:
+        await trio.to_thread.run_sync(stop_all, producing, consumers)

@@ -1,11 +1,12 @@
 """A confluent-kafka consumer with group.protocol=consumer, as a subprocess for the tests of
 KIP-848 consumer groups: one JSON line per event on stdout (assigned, revoked, a message
-consumed and synchronously committed); SIGTERM closes it (leaving the group), SIGKILL does
+consumed, then synchronously committed; a commit that failed); SIGTERM closes it (leaving the group), SIGKILL does
 not. Arguments: bootstrap group topic [extra librdkafka settings as key=value]."""
 
 import json
 import signal
 import sys
+import time
 
 from confluent_kafka import Consumer, KafkaException
 
@@ -43,17 +44,22 @@ while not stopping:
     if msg.error():
         emit(event="error", error=str(msg.error()))
         continue
-    while True:
+    # consumed (processed) first, then committed synchronously: a consumer killed between
+    # the two has its last message read again by the partition's next owner
+    emit(event="message", partition=msg.partition(), offset=msg.offset(),
+         value=msg.value().decode())
+    for attempt in range(30):
         try:
             consumer.commit(message=msg, asynchronous=False)
-            emit(event="message", partition=msg.partition(), offset=msg.offset(),
-                 value=msg.value().decode())
             break
         except KafkaException as exc:
-            # a commit refused (the partition moved meanwhile): the message is not counted
-            # as consumed; the next owner reads it again from the committed offset
-            emit(event="commit_failed", partition=msg.partition(), offset=msg.offset(),
-                 error=str(exc))
-            break
+            # e.g. STALE_MEMBER_EPOCH while a new epoch is on its way: commit again
+            error = str(exc)
+            emit(event="commit_retry", partition=msg.partition(), offset=msg.offset(),
+                 error=error)
+            time.sleep(0.1)
+    else:
+        emit(event="commit_failed", partition=msg.partition(), offset=msg.offset(),
+             error=error)
 consumer.close()
 emit(event="closed")
