@@ -81,7 +81,8 @@ async def test_kafka_python_describe_features(node):
             admin.close()
 
     described = await in_thread(features)
-    assert described == {"group.version": {"supported": (0, 1)},
+    assert described == {"group.version": {"supported": (0, 1), "finalized": (1, 1),
+                                           "finalized_epoch": 0},
                          "transaction.version": {"supported": (0, 0)}}
 
 
