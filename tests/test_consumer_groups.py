@@ -505,3 +505,38 @@ async def test_killed_member_is_expelled_after_the_session_timeout(node, caplog)
               f"(session timeout {SESSION_MS} ms)")
     finally:
         await trio.to_thread.run_sync(stop_all, producing, consumers)
+
+
+async def test_admin_client_describes_a_consumer_group(node):
+    """confluent-kafka's AdminClient describes a KIP-848 group through ConsumerGroupDescribe
+    (type CONSUMER, the uniform assignor, members with their assignments) and lists it."""
+    from confluent_kafka import ConsumerGroupState, ConsumerGroupType
+    from confluent_kafka.admin import AdminClient
+
+    await trio.to_thread.run_sync(create_topic, node, "kip848-admin", 6)
+    consumers = [ConsumerProcess(node, "g-admin", "kip848-admin", name) for name in "ab"]
+    try:
+        await wait_for(lambda: owners_settled(consumers, 3, 6), what="2 x 3 partitions")
+
+        def described():
+            admin = AdminClient({"bootstrap.servers": node})
+            group = admin.describe_consumer_groups(["g-admin"])["g-admin"].result(TIMEOUT)
+            listed = admin.list_consumer_groups().result(TIMEOUT).valid
+            return group, listed
+
+        deadline = trio.current_time() + TIMEOUT
+        while True:  # Stable once both members' epochs reached the target epoch
+            group, listed = await trio.to_thread.run_sync(described)
+            if group.state == ConsumerGroupState.STABLE or trio.current_time() > deadline:
+                break
+            await trio.sleep(0.2)
+        assert group.state == ConsumerGroupState.STABLE
+        assert group.type == ConsumerGroupType.CONSUMER
+        assert group.partition_assignor == "uniform"
+        assignments = sorted(sorted(tp.partition for tp in m.assignment.topic_partitions)
+                             for m in group.members)
+        owned = sorted(sorted(c.owned()) for c in consumers)
+        assert assignments == owned
+        assert [(g.group_id, g.type) for g in listed] == [("g-admin", ConsumerGroupType.CONSUMER)]
+    finally:
+        await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])
