@@ -441,6 +441,13 @@ async def test_join_and_leave_move_only_what_must_move(node, caplog):
         assert {c.name: len(c.of("revoked")) - before[c.name] for c in consumers[:3]} == {
             "a": 1, "b": 1, "c": 1}
         assert sorted(p for v in revoked.values() for p in v) == sorted(d.owned())
+        # revoked before assigned elsewhere: d is given a partition only after its previous
+        # owner's revocation callback ran (it acknowledges it in its next heartbeat)
+        for c in consumers[:3]:
+            for e in c.of("revoked")[before[c.name]:]:
+                for p in e["partitions"]:
+                    given = min(a["at"] for a in d.of("assigned") if p in a["partitions"])
+                    assert e["at"] < given, (c.name, p, e["at"], given)
         # the partitions that stayed kept being consumed while d joined
         stayed = set(range(12)) - d.owned()
         await wait_for(lambda: stayed <= {e["partition"] for c in consumers[:3]
