@@ -547,3 +547,59 @@ async def test_admin_client_describes_a_consumer_group(node):
         assert [(g.group_id, g.type) for g in listed] == [("g-admin", ConsumerGroupType.CONSUMER)]
     finally:
         await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])
+
+
+async def test_coordinator_restart_keeps_epochs_members_and_assignments(pg_url, store_url,
+                                                                        node_processes):
+    """The group coordinator's node SIGKILLed and started again: the new coordinator loads
+    the group from PostgreSQL with its group epoch, members, member epochs and assignments;
+    the members heartbeat on at their epochs, nothing is revoked, and they consume on."""
+    from mink.storage.embedded_postgres import free_port
+    from tests.support.nodes import node_config
+
+    config = node_config(pg_url, store_url, listener=f"127.0.0.1:{free_port()}",
+                         num_partitions=6, offsets_topic_num_partitions=3,
+                         group_consumer_heartbeat_interval_ms=HEARTBEAT_MS,
+                         # outlasts the restart, which waits out the old incarnation's guard
+                         group_consumer_session_timeout_ms=30_000)
+    first = node_processes(config)
+    await trio.to_thread.run_sync(first.start)
+    address = first.address
+    await trio.to_thread.run_sync(create_topic, address, "kip848-durable", 6)
+    consumers = [ConsumerProcess(address, "g-durable", "kip848-durable", n) for n in "ab"]
+
+    def snapshot():
+        with BlockingKafkaClient(address, TIMEOUT) as conn:
+            d = describe(conn, "g-durable")
+        return (d.error_code, d.group_state, d.group_epoch, d.assignment_epoch, sorted(
+            (m.member_id, m.member_epoch,
+             sorted(p for tp in m.assignment.topic_partitions for p in tp.partitions))
+            for m in d.members))
+
+    try:
+        await wait_for(lambda: owners_settled(consumers, 3, 6), what="2 x 3 partitions")
+        deadline = trio.current_time() + TIMEOUT
+        while (before := await trio.to_thread.run_sync(snapshot))[1] != "Stable":
+            assert trio.current_time() < deadline, before
+            await trio.sleep(0.2)
+        events = {c.name: len(c.events) for c in consumers}
+        await trio.to_thread.run_sync(first.kill)
+        second = node_processes(config)
+        await trio.to_thread.run_sync(second.start)
+        deadline = trio.current_time() + TIMEOUT
+        while (after := await trio.to_thread.run_sync(snapshot))[0] != ErrorCode.none:
+            assert trio.current_time() < deadline, after
+            await trio.sleep(0.2)
+        assert after == before
+        # the members go on at their epochs: new messages are consumed, nothing revoked
+        await trio.to_thread.run_sync(lambda: confluent_produce(address, "kip848-durable", [
+            {"value": b"after", "partition": p} for p in range(6)]))
+        await wait_for(lambda: sum(e["event"] == "message" and e["value"] == "after"
+                                   for c in consumers for e in c.events) == 6,
+                       what="the messages produced after the restart")
+        for c in consumers:
+            assert not [e for e in c.events[events[c.name]:]
+                        if e["event"] in ("revoked", "lost")], c.events[events[c.name]:]
+        assert await trio.to_thread.run_sync(snapshot) == before
+    finally:
+        await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])

@@ -37,9 +37,12 @@ from mink.broker.groups.consumer_group import (
     ConsumerGroup,
     ConsumerGroupMember,
     ConsumerGroupState,
+    from_json,
+    to_json,
 )
 from mink.broker.groups.reconciliation import MemberState, TopicPartition, reconcile
-from mink.broker.groups.state import GroupState
+from mink.broker.groups.state import GroupState, Waiter
+from mink.storage.controlplane.groups import StoredConsumerGroup
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ class HeartbeatResult:
     member_epoch: int = 0
     heartbeat_interval_ms: int = 0
     assignment: list[tuple[uuid.UUID, list[int]]] | None = None
+    # the fenced write of the group's new state, to wait for before answering
+    written: Waiter[ErrorCode] | None = None
 
 
 def _by_topic(partitions) -> list[tuple[uuid.UUID, list[int]]]:
@@ -91,13 +96,41 @@ class ConsumerGroupCoordinator:
                   server_assignor: str | None,
                   owned: list[tuple[uuid.UUID, list[int]]] | None,
                   client_id: str, client_host: str, version: int) -> HeartbeatResult:
+        before = self._snapshot(group_id)
         try:
-            return self._heartbeat(group_id, member_id, member_epoch, instance_id, rack_id,
-                                   rebalance_timeout_ms, subscribed_topic_names,
-                                   subscribed_topic_regex, server_assignor, owned, client_id,
-                                   client_host, version)
+            result = self._heartbeat(group_id, member_id, member_epoch, instance_id, rack_id,
+                                     rebalance_timeout_ms, subscribed_topic_names,
+                                     subscribed_topic_regex, server_assignor, owned,
+                                     client_id, client_host, version)
         except HeartbeatError as exc:
-            return HeartbeatResult(exc.error, exc.message)
+            result = HeartbeatResult(exc.error, exc.message)
+        group = self.groups.get(group_id)
+        if group is not None and self._snapshot(group_id) != before:
+            result.written = self.persist(group)
+        return result
+
+    def _snapshot(self, group_id: str):
+        group = self.groups.get(group_id)
+        return None if group is None else (group.group_epoch, to_json(group))
+
+    def persist(self, group: ConsumerGroup) -> Waiter[ErrorCode]:
+        """Write the group's state as it is when the write runs (in the group's order of
+        writes), fenced by its partition's leader epoch."""
+        store = self.coordinator.store
+        return self.coordinator._write(group, lambda fence: store.store_consumer_group(
+            fence, StoredConsumerGroup(group.group_id, group.group_epoch, to_json(group))))
+
+    def restore(self, stored: StoredConsumerGroup, partition: int) -> None:
+        """A group loaded by a new coordinator: its members' sessions start anew."""
+        group = from_json(stored.group_id, partition, stored.group_epoch, stored.state)
+        classic = self.coordinator.groups.pop(stored.group_id, None)
+        if classic is not None:
+            group.offsets = classic.offsets
+        self.groups[group.group_id] = group
+        for member in group.members.values():
+            self._touch(group, member)
+            if member.state is MemberState.UNREVOKED_PARTITIONS:
+                member.revoke_by = trio.current_time() + member.rebalance_timeout_ms / 1000
 
     def _validate(self, group_id, member_id, member_epoch, rebalance_timeout_ms,
                   subscribed_topic_names, subscribed_topic_regex, server_assignor, owned,
@@ -345,9 +378,11 @@ class ConsumerGroupCoordinator:
         now = trio.current_time()
         if now >= member.expires_at:
             self._remove_member(group, member, "session timeout expired")
+            self.persist(group)
         elif now >= member.revoke_by:
             self._remove_member(group, member, "did not revoke its partitions within the "
                                 "rebalance timeout")
+            self.persist(group)
         else:
             self._arm(group, member, min(member.expires_at, member.revoke_by))
 

@@ -14,6 +14,8 @@ import math
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
+
 from mink.broker.groups.reconciliation import MemberState, Reconciled, TopicPartition
 from mink.broker.groups.state import OffsetAndMetadata
 
@@ -111,3 +113,53 @@ class ConsumerGroup:
         if not counts:
             return default
         return max(sorted(counts), key=lambda name: counts[name])
+
+
+# -- stored form (sql/0017_consumer_groups.sql: one json document per group) -----------------
+
+_encoder = msgspec.json.Encoder()
+
+
+def _tps(partitions) -> list[list]:
+    return sorted([str(t), p] for t, p in partitions)
+
+
+def _from_tps(rows) -> frozenset[TopicPartition]:
+    return frozenset((uuid.UUID(t), p) for t, p in rows)
+
+
+def to_json(group: ConsumerGroup) -> str:
+    return _encoder.encode({
+        "target_epoch": group.target_epoch,
+        "subscription_metadata": {name: [str(t), n] for name, (t, n)
+                                  in group.subscription_metadata.items()},
+        "members": [{
+            "member_id": m.member_id, "client_id": m.client_id, "client_host": m.client_host,
+            "instance_id": m.instance_id, "rack_id": m.rack_id,
+            "rebalance_timeout_ms": m.rebalance_timeout_ms,
+            "subscribed_topic_names": list(m.subscribed_topic_names),
+            "server_assignor": m.server_assignor, "state": m.state.value,
+            "member_epoch": m.member_epoch, "previous_member_epoch": m.previous_member_epoch,
+            "assigned": _tps(m.assigned), "pending_revocation": _tps(m.pending_revocation),
+            "target": _tps(group.target.get(m.member_id, ())),
+        } for m in group.members.values()],
+    }).decode()
+
+
+def from_json(group_id: str, partition: int, group_epoch: int, state: str) -> ConsumerGroup:
+    doc = msgspec.json.decode(state)
+    group = ConsumerGroup(group_id, partition, group_epoch=group_epoch,
+                          target_epoch=doc["target_epoch"])
+    group.subscription_metadata = {name: (uuid.UUID(t), n) for name, (t, n)
+                                   in doc["subscription_metadata"].items()}
+    for m in doc["members"]:
+        member = ConsumerGroupMember(
+            m["member_id"], m["client_id"], m["client_host"], m["instance_id"], m["rack_id"],
+            m["rebalance_timeout_ms"], tuple(m["subscribed_topic_names"]),
+            m["server_assignor"], MemberState(m["state"]), m["member_epoch"],
+            m["previous_member_epoch"], _from_tps(m["assigned"]),
+            _from_tps(m["pending_revocation"]))
+        group.members[member.member_id] = member
+        group.target[member.member_id] = _from_tps(m["target"])
+        group.take(member)
+    return group

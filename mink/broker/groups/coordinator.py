@@ -276,6 +276,7 @@ class GroupCoordinator:
             while True:
                 try:
                     stored = await self.store.load(st.index)
+                    consumer_stored = await self.store.load_consumer_groups(st.index)
                     break
                 except md.MetadataUnavailable as exc:
                     log.warning("loading groups of %s-%d failed, retrying: %s",
@@ -289,6 +290,8 @@ class GroupCoordinator:
             self.groups[group.group_id] = group
             for member in group.members.values():
                 self._touch(group, member)
+        for record in consumer_stored:
+            self.consumer.restore(record, st.index)
         st.loaded = True
         (log.info if stored else log.debug)(
             "coordinating %d groups of %s-%d at leader epoch %d", len(stored), OFFSETS_TOPIC,
@@ -604,7 +607,9 @@ class GroupCoordinator:
                 return Waiter.done(join_error(member_id,
                                               ErrorCode.inconsistent_group_protocol))
             self.consumer.delete_if_empty(group_id)
-            self._add_group(group_id).offsets = consumer_group.offsets
+            classic = self._add_group(group_id)
+            classic.offsets = consumer_group.offsets
+            self._write(classic, lambda fence: self.store.drop_consumer_group(fence, group_id))
             log.info("converted the empty consumer group %s to a classic group", group_id)
         group = self.groups.get(group_id)
         if group is None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import datetime
 
+from kio.schema.errors import ErrorCode
+
+from mink.broker.groups.consumer_coordinator import HeartbeatResult
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.join_group import client_host
 from mink.protocol.messages import build, nested, response_schema
@@ -30,6 +33,13 @@ async def handle(node, ctx, request):
         subscribed_topic_regex=getattr(request, "subscribed_topic_regex", None),
         server_assignor=request.server_assignor, owned=owned,
         client_id=ctx.header.client_id or "", client_host=client_host(ctx), version=version)
+    if result.written is not None:
+        # answered once the group's new state is in PostgreSQL, as Kafka answers once its
+        # records are committed
+        error = await result.written.wait()
+        if error:
+            result = HeartbeatResult(ErrorCode.coordinator_not_available
+                                     if error == ErrorCode.request_timed_out else error)
     schema = response_schema(ctx.header.api_key, version)
     assignment = None
     if result.assignment is not None:
