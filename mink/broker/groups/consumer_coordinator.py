@@ -18,8 +18,10 @@ Semantics follow Kafka's GroupMetadataManager (4.0) with online migration disabl
 - A group id held by a classic group with members answers GROUP_ID_NOT_FOUND ("not a
   consumer group"); an empty classic group becomes a consumer group and keeps its offsets.
 
-Everything is in the coordinator's memory (not yet in PostgreSQL): a new coordinator knows
-no members, and their next heartbeat is answered UNKNOWN_MEMBER_ID, so they join again.
+A heartbeat that changed the group's state is answered once that state is written to
+PostgreSQL (`persist`, fenced, in the group's order of writes); a new coordinator loads it
+(`restore`) and the members heartbeat on at their epochs. A write that fails leaves the
+change in memory (Kafka reverts it); the coordinator is usually unloaded then anyway.
 """
 
 from __future__ import annotations
@@ -262,9 +264,9 @@ class ConsumerGroupCoordinator:
             return group
         classic = self.coordinator.groups.get(group_id)
         if not create:
-            # Kafka answers GROUP_ID_NOT_FOUND to a member of a group it does not know; its
-            # groups survive a failover, ours not yet: UNKNOWN_MEMBER_ID makes the member
-            # join again (clients treat GROUP_ID_NOT_FOUND as fatal).
+            # Kafka answers GROUP_ID_NOT_FOUND to a member of a group it does not know (a
+            # group deleted under it); UNKNOWN_MEMBER_ID makes the member join again
+            # (clients treat GROUP_ID_NOT_FOUND as fatal).
             if classic is None:
                 raise HeartbeatError(ErrorCode.unknown_member_id,
                                      f"Consumer group {group_id} not found.")
