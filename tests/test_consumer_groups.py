@@ -71,6 +71,15 @@ class ConsumerProcess:
                 owned -= set(e["partitions"])
         return owned
 
+    def owned_topics(self) -> set[tuple[str, int]]:
+        owned: set[tuple[str, int]] = set()
+        for e in list(self.events):
+            if e["event"] == "assigned":
+                owned |= {tuple(tp) for tp in e["topic_partitions"]}
+            elif e["event"] in ("revoked", "lost"):
+                owned -= {tuple(tp) for tp in e["topic_partitions"]}
+        return owned
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -601,5 +610,42 @@ async def test_coordinator_restart_keeps_epochs_members_and_assignments(pg_url, 
             assert not [e for e in c.events[events[c.name]:]
                         if e["event"] in ("revoked", "lost")], c.events[events[c.name]:]
         assert await trio.to_thread.run_sync(snapshot) == before
+    finally:
+        await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])
+
+
+async def test_regex_subscription_picks_up_a_topic_created_later(node):
+    """A subscription by regular expression (RE2, resolved by the broker) follows the topics
+    that match: a topic created after the members joined is assigned to them, one that does
+    not match is not; an invalid expression is INVALID_REGULAR_EXPRESSION."""
+    await trio.to_thread.run_sync(create_topic, node, "rx-first", 2)
+    await trio.to_thread.run_sync(create_topic, node, "other-topic", 2)
+    consumers = [ConsumerProcess(node, "g-regex", "^rx-.*", n) for n in "ab"]
+    try:
+        await wait_for(lambda: set().union(*(c.owned_topics() for c in consumers)) == {
+            ("rx-first", 0), ("rx-first", 1)}, what="rx-first assigned")
+        await trio.to_thread.run_sync(create_topic, node, "rx-second", 2)
+        await trio.to_thread.run_sync(lambda: confluent_produce(node, "rx-second", [
+            {"value": b"late", "partition": p} for p in range(2)]))
+        want = {("rx-first", 0), ("rx-first", 1), ("rx-second", 0), ("rx-second", 1)}
+        await wait_for(lambda: set().union(*(c.owned_topics() for c in consumers)) == want,
+                       what="rx-second assigned too")
+        await wait_for(lambda: sum(e.get("topic") == "rx-second" for c in consumers
+                                   for e in c.of("message")) == 2, what="rx-second consumed")
+        assert sum(len(c.owned_topics()) for c in consumers) == 4
+
+        def check():
+            with BlockingKafkaClient(node, TIMEOUT) as conn:
+                d = describe(conn, "g-regex")
+                # librdkafka sends its regular expressions joined, each in parentheses
+                assert {m.subscribed_topic_regex for m in d.members} == {"(^rx-.*)"}
+                schema = load_request_schema(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1)
+                bad = conn.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, build(
+                    schema, group_id="g-bad-regex", member_id="m", member_epoch=0,
+                    instance_id=None, rack_id=None,
+                    rebalance_timeout=datetime.timedelta(seconds=60), subscribed_topic_names=(),
+                    subscribed_topic_regex="rx-(", server_assignor=None, topic_partitions=()))
+                assert bad.error_code == ErrorCode.invalid_regular_expression
+        await trio.to_thread.run_sync(check)
     finally:
         await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])

@@ -94,8 +94,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_GROUPS: (0, 6),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
-    # KIP-848 consumer groups (v1: the client names its member, KIP-1082; regular
-    # expressions are refused with INVALID_REGULAR_EXPRESSION)
+    # KIP-848 consumer groups (v1: the client names its member, KIP-1082, and may subscribe
+    # by regular expression)
     ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1),
     ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 1),
     # Client quotas (KIP-546), user and client-id entities

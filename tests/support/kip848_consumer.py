@@ -32,10 +32,13 @@ conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "co
 conf.update(item.split("=", 1) for item in extra)
 consumer = Consumer(conf)
 consumer.subscribe(
-    [topic],
-    on_assign=lambda c, ps: emit(event="assigned", partitions=[p.partition for p in ps]),
-    on_revoke=lambda c, ps: emit(event="revoked", partitions=[p.partition for p in ps]),
-    on_lost=lambda c, ps: emit(event="lost", partitions=[p.partition for p in ps]))
+    [topic],  # a regular expression when it starts with ^
+    on_assign=lambda c, ps: emit(event="assigned", partitions=[p.partition for p in ps],
+                                 topic_partitions=[[p.topic, p.partition] for p in ps]),
+    on_revoke=lambda c, ps: emit(event="revoked", partitions=[p.partition for p in ps],
+                                 topic_partitions=[[p.topic, p.partition] for p in ps]),
+    on_lost=lambda c, ps: emit(event="lost", partitions=[p.partition for p in ps],
+                               topic_partitions=[[p.topic, p.partition] for p in ps]))
 emit(event="started", member=None)
 while not stopping:
     msg = consumer.poll(0.1)
@@ -46,7 +49,7 @@ while not stopping:
         continue
     # consumed (processed) first, then committed synchronously: a consumer killed between
     # the two has its last message read again by the partition's next owner
-    emit(event="message", partition=msg.partition(), offset=msg.offset(),
+    emit(event="message", topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
          value=msg.value().decode())
     for attempt in range(30):
         try:

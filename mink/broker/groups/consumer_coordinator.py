@@ -39,7 +39,9 @@ from mink.broker.groups.consumer_group import (
     ConsumerGroup,
     ConsumerGroupMember,
     ConsumerGroupState,
+    compile_regex,
     from_json,
+    member_topics,
     to_json,
 )
 from mink.broker.groups.reconciliation import MemberState, TopicPartition, reconcile
@@ -159,9 +161,12 @@ class ConsumerGroupCoordinator:
             raise HeartbeatError(ErrorCode.invalid_request,
                                  f"MemberEpoch {member_epoch} is invalid.")
         if subscribed_topic_regex:
-            # Server-side regular expressions (RE2) are not built yet.
-            raise HeartbeatError(ErrorCode.invalid_regular_expression,
-                                 "SubscribedTopicRegex is not supported by this broker.")
+            try:
+                compile_regex(subscribed_topic_regex)
+            except ValueError as exc:
+                raise HeartbeatError(ErrorCode.invalid_regular_expression,
+                                     f"SubscribedTopicRegex `{subscribed_topic_regex}` is "
+                                     f"not a valid regular expression: {exc}.") from None
         if server_assignor is not None and server_assignor not in self.assignors:
             raise HeartbeatError(ErrorCode.unsupported_assignor,
                                  f"ServerAssignor {server_assignor} is not supported. "
@@ -229,6 +234,11 @@ class ConsumerGroupCoordinator:
             if names != member.subscribed_topic_names:
                 member.subscribed_topic_names = names
                 bump = True
+        if subscribed_topic_regex is not None:
+            regex = subscribed_topic_regex or None  # "": no regular expression
+            if regex != member.subscribed_topic_regex:
+                member.subscribed_topic_regex = regex
+                bump = True
         if server_assignor is not None and server_assignor != member.server_assignor:
             member.server_assignor = server_assignor
             bump = True
@@ -287,7 +297,7 @@ class ConsumerGroupCoordinator:
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, tuple[uuid.UUID, int]]:
         topics = self.coordinator.node.view.topics
         out = {}
-        for name in group.subscribed_topic_names():
+        for name in group.subscribed_topic_names(topics):
             topic = topics.get(name)
             if topic is not None:
                 out[name] = (topic.topic_id, len(topic.partitions))
@@ -296,7 +306,7 @@ class ConsumerGroupCoordinator:
     def _compute_target(self, group: ConsumerGroup) -> None:
         """The target assignment of the group epoch (Kafka's TargetAssignmentBuilder)."""
         metadata = group.subscription_metadata
-        subscriptions = {m.member_id: {metadata[t][0] for t in m.subscribed_topic_names
+        subscriptions = {m.member_id: {metadata[t][0] for t in member_topics(m, metadata)
                                        if t in metadata}
                          for m in group.members.values()}
         partitions = dict(metadata.values())
@@ -309,8 +319,8 @@ class ConsumerGroupCoordinator:
 
     def _reconcile(self, group: ConsumerGroup, member: ConsumerGroupMember,
                    owned: set[TopicPartition] | None) -> None:
-        subscribed = {group.subscription_metadata[t][0] for t in member.subscribed_topic_names
-                      if t in group.subscription_metadata}
+        metadata = group.subscription_metadata
+        subscribed = {metadata[t][0] for t in member_topics(member, metadata) if t in metadata}
         step = reconcile(member.reconciled(), group.target_epoch,
                          group.target.get(member.member_id, frozenset()), subscribed, owned,
                          group.owned_by_other(member.member_id))
@@ -460,6 +470,7 @@ class DescribedMember:
     client_id: str
     client_host: str
     subscribed_topic_names: tuple[str, ...]
+    subscribed_topic_regex: str | None
     assignment: list[tuple[uuid.UUID, str, list[int]]]
     target_assignment: list[tuple[uuid.UUID, str, list[int]]]
 
@@ -496,6 +507,7 @@ def describe(consumer: ConsumerGroupCoordinator, group_id: str) -> DescribedGrou
         group_id, ErrorCode.none, None, group.state.value, group.group_epoch,
         group.target_epoch, group.preferred_assignor(consumer.assignors[0]),
         [DescribedMember(m.member_id, m.instance_id, m.rack_id, m.member_epoch, m.client_id,
-                         m.client_host, m.subscribed_topic_names, named(m.assigned),
+                         m.client_host, m.subscribed_topic_names, m.subscribed_topic_regex,
+                         named(m.assigned),
                          named(group.target.get(m.member_id, ())))
          for m in sorted(group.members.values(), key=lambda m: m.member_id)])

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import msgspec
+import re2
 
 from mink.broker.groups.reconciliation import MemberState, Reconciled, TopicPartition
 from mink.broker.groups.state import OffsetAndMetadata
@@ -37,6 +38,7 @@ class ConsumerGroupMember:
     rack_id: str | None = None
     rebalance_timeout_ms: int = 300_000
     subscribed_topic_names: tuple[str, ...] = ()
+    subscribed_topic_regex: str | None = None
     server_assignor: str | None = None
     state: MemberState = MemberState.STABLE
     member_epoch: int = 0
@@ -82,8 +84,15 @@ class ConsumerGroup:
             return ConsumerGroupState.RECONCILING
         return ConsumerGroupState.STABLE
 
-    def subscribed_topic_names(self) -> set[str]:
-        return {t for m in self.members.values() for t in m.subscribed_topic_names}
+    def subscribed_topic_names(self, topics) -> set[str]:
+        """Every topic a member subscribes to, by name or by its regular expression matching
+        one of `topics` (names)."""
+        names = {t for m in self.members.values() for t in m.subscribed_topic_names}
+        for regex in {m.subscribed_topic_regex for m in self.members.values()
+                      if m.subscribed_topic_regex}:
+            names |= resolve_regex(regex, topics)
+        return names
+
 
     def owned_by_other(self, member_id: str):
         return lambda tp: self.owners.get(tp, member_id) != member_id
@@ -115,6 +124,28 @@ class ConsumerGroup:
         return max(sorted(counts), key=lambda name: counts[name])
 
 
+def compile_regex(regex: str):
+    """RE2 syntax, as Kafka's RE2/J; raises ValueError if it is not a valid one."""
+    try:
+        return re2.compile(regex)
+    except re2.error as exc:
+        raise ValueError(str(exc)) from None
+
+
+def resolve_regex(regex: str, topics) -> set[str]:
+    """The topics the whole name of which matches (Kafka: Pattern.matcher(t).matches()),
+    internal topics excepted."""
+    pattern = compile_regex(regex)
+    return {t for t in topics if not t.startswith("__") and pattern.fullmatch(t)}
+
+
+def member_topics(member: ConsumerGroupMember, topics) -> set[str]:
+    names = set(member.subscribed_topic_names)
+    if member.subscribed_topic_regex:
+        names |= resolve_regex(member.subscribed_topic_regex, topics)
+    return names
+
+
 # -- stored form (sql/0017_consumer_groups.sql: one json document per group) -----------------
 
 _encoder = msgspec.json.Encoder()
@@ -138,6 +169,7 @@ def to_json(group: ConsumerGroup) -> str:
             "instance_id": m.instance_id, "rack_id": m.rack_id,
             "rebalance_timeout_ms": m.rebalance_timeout_ms,
             "subscribed_topic_names": list(m.subscribed_topic_names),
+            "subscribed_topic_regex": m.subscribed_topic_regex,
             "server_assignor": m.server_assignor, "state": m.state.value,
             "member_epoch": m.member_epoch, "previous_member_epoch": m.previous_member_epoch,
             "assigned": _tps(m.assigned), "pending_revocation": _tps(m.pending_revocation),
@@ -154,11 +186,14 @@ def from_json(group_id: str, partition: int, group_epoch: int, state: str) -> Co
                                    in doc["subscription_metadata"].items()}
     for m in doc["members"]:
         member = ConsumerGroupMember(
-            m["member_id"], m["client_id"], m["client_host"], m["instance_id"], m["rack_id"],
-            m["rebalance_timeout_ms"], tuple(m["subscribed_topic_names"]),
-            m["server_assignor"], MemberState(m["state"]), m["member_epoch"],
-            m["previous_member_epoch"], _from_tps(m["assigned"]),
-            _from_tps(m["pending_revocation"]))
+            m["member_id"], m["client_id"], m["client_host"], instance_id=m["instance_id"],
+            rack_id=m["rack_id"], rebalance_timeout_ms=m["rebalance_timeout_ms"],
+            subscribed_topic_names=tuple(m["subscribed_topic_names"]),
+            subscribed_topic_regex=m.get("subscribed_topic_regex"),
+            server_assignor=m["server_assignor"], state=MemberState(m["state"]),
+            member_epoch=m["member_epoch"], previous_member_epoch=m["previous_member_epoch"],
+            assigned=_from_tps(m["assigned"]),
+            pending_revocation=_from_tps(m["pending_revocation"]))
         group.members[member.member_id] = member
         group.target[member.member_id] = _from_tps(m["target"])
         group.take(member)

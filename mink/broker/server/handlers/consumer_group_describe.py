@@ -39,7 +39,7 @@ async def handle(node, ctx, request):
                 member_schema, member_id=m.member_id, instance_id=m.instance_id,
                 rack_id=m.rack_id, member_epoch=m.member_epoch, client_id=m.client_id,
                 client_host=m.client_host, subscribed_topic_names=m.subscribed_topic_names,
-                subscribed_topic_regex=None, assignment=assignment(m.assignment),
+                subscribed_topic_regex=m.subscribed_topic_regex, assignment=assignment(m.assignment),
                 target_assignment=assignment(m.target_assignment), **extra)
                 for m in d.members or ())))
     return build(schema, throttle_time=NO_THROTTLE, groups=tuple(groups))
