@@ -192,13 +192,13 @@ def test_reconcile_drops_unsubscribed_topics_at_the_same_epoch():
 
 
 def heartbeat(conn, group_id, member_id, member_epoch, *, topics=None, owned=None,
-              rebalance_timeout_ms=-1, server_assignor=None):
+              rebalance_timeout_ms=-1, server_assignor=None, instance_id=None):
     """A raw ConsumerGroupHeartbeat v1; `owned` is [(topic id, [partitions])]."""
     schema = load_request_schema(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1)
     tp_schema = nested(schema, "TopicPartitions")
     return conn.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, build(
         schema, group_id=group_id, member_id=member_id, member_epoch=member_epoch,
-        instance_id=None, rack_id=None,
+        instance_id=instance_id, rack_id=None,
         rebalance_timeout=datetime.timedelta(milliseconds=rebalance_timeout_ms),
         subscribed_topic_names=None if topics is None else tuple(topics),
         subscribed_topic_regex=None, server_assignor=server_assignor,
@@ -308,6 +308,53 @@ async def test_heartbeat_protocol_epochs_and_offset_commit_checks(node):
                 schema, states_filter=(), types_filter=("consumer",)))
             assert [(g.group_id, g.group_type, g.protocol_type) for g in listed.groups] == [
                 ("g-raw", "consumer", "consumer")]
+    await trio.to_thread.run_sync(run)
+
+
+async def test_static_member_leaves_for_now_and_comes_back(node):
+    """Static membership: a member with an instance id leaving with epoch -2 keeps its
+    partitions (the group epoch does not move, nobody else gets them); the instance back
+    under a new member id gets them at once; a second member with a live instance id is
+    UNRELEASED_INSTANCE_ID; a static member that does not come back is expelled after the
+    session timeout."""
+    def run():
+        topic_id = create_topic(node, "kip848-static", 4)
+        with BlockingKafkaClient(node, TIMEOUT) as conn:
+            a = heartbeat(conn, "g-static", "a1", 0, topics=["kip848-static"], owned=[],
+                          rebalance_timeout_ms=60_000, instance_id="i-a")
+            b = heartbeat(conn, "g-static", "b1", 0, topics=["kip848-static"], owned=[],
+                          rebalance_timeout_ms=60_000)
+            a = heartbeat(conn, "g-static", "a1", 1, owned=[(topic_id, [0, 1, 2, 3])])
+            keep = assigned(a)[0][1]
+            a = heartbeat(conn, "g-static", "a1", 1, owned=[(topic_id, keep)])
+            b = heartbeat(conn, "g-static", "b1", 2, owned=[])
+            assert a.member_epoch == b.member_epoch == 2
+            left = heartbeat(conn, "g-static", "a1", -2, instance_id="i-a")
+            assert (left.error_code, left.member_epoch) == (ErrorCode.none, -2)
+            assert describe(conn, "g-static").group_epoch == 2
+            b = heartbeat(conn, "g-static", "b1", 2, owned=assigned(b))
+            assert b.assignment is None  # a's partitions stay a's
+            back = heartbeat(conn, "g-static", "a2", 0, topics=["kip848-static"], owned=[],
+                             rebalance_timeout_ms=60_000, instance_id="i-a")
+            assert back.error_code == ErrorCode.none, back
+            assert (back.member_epoch, assigned(back)) == (2, [(topic_id, keep)])
+            twin = heartbeat(conn, "g-static", "a3", 0, topics=["kip848-static"], owned=[],
+                             rebalance_timeout_ms=60_000, instance_id="i-a")
+            assert twin.error_code == ErrorCode.unreleased_instance_id
+            d = describe(conn, "g-static")
+            assert d.group_epoch == 2
+            assert sorted((m.member_id, m.instance_id) for m in d.members) == [
+                ("a2", "i-a"), ("b1", None)]
+            assert heartbeat(conn, "g-static", "a2", -2, instance_id="i-a").member_epoch == -2
+            deadline = time.monotonic() + SESSION_MS / 1000 + 5
+            while True:  # b keeps heartbeating; a2 does not come back
+                b = heartbeat(conn, "g-static", "b1", b.member_epoch,
+                              owned=[(topic_id, sorted(set(range(4)) - set(keep)))]
+                              if b.member_epoch == 2 else None)
+                if [m.member_id for m in describe(conn, "g-static").members] == ["b1"]:
+                    break
+                assert time.monotonic() < deadline, "the static member was not expelled"
+                time.sleep(HEARTBEAT_MS / 1000)
     await trio.to_thread.run_sync(run)
 
 

@@ -17,6 +17,8 @@ Semantics follow Kafka's GroupMetadataManager (4.0) with online migration disabl
   fenced and its partitions move.
 - A group id held by a classic group with members answers GROUP_ID_NOT_FOUND ("not a
   consumer group"); an empty classic group becomes a consumer group and keeps its offsets.
+- Static members (instance ids): -2 leaves for now, keeping the assignment until the
+  session timeout; the instance rejoining under a new member id takes its place.
 
 A heartbeat that changed the group's state is answered once that state is written to
 PostgreSQL (`persist`, fenced, in the group's order of writes); a new coordinator loads it
@@ -181,6 +183,8 @@ class ConsumerGroupCoordinator:
         error = self.coordinator._status(group_id)
         if error:
             raise HeartbeatError(error)
+        if member_epoch == STATIC_LEAVE_EPOCH and instance_id is not None:
+            return self._static_leave(group_id, member_id, instance_id)
         if member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(group_id, member_id, member_epoch)
         group = self._get_or_create(group_id, create=member_epoch == JOIN_EPOCH)
@@ -200,6 +204,15 @@ class ConsumerGroupCoordinator:
                 self._remove_member(group, existing, "rejoined with member epoch 0")
                 existing = None
             member = existing
+            static = (self._static_member(group, instance_id)
+                      if instance_id is not None else None)
+            if member is None and static is not None and static.member_id != member_id:
+                if static.member_epoch != STATIC_LEAVE_EPOCH:
+                    raise HeartbeatError(ErrorCode.unreleased_instance_id,
+                                         f"Static member {member_id} with instance id "
+                                         f"{instance_id} cannot join the group because the "
+                                         f"instance id is owned by {static.member_id}.")
+                member = self._replace_static_member(group, static, member_id)
             if member is None:
                 member = ConsumerGroupMember(member_id, client_id, client_host)
                 group.members[member_id] = member
@@ -341,6 +354,56 @@ class ConsumerGroupCoordinator:
             self._arm(group, member, member.revoke_by)
         elif member.state is not MemberState.UNREVOKED_PARTITIONS:
             member.revoke_by = math.inf
+
+    @staticmethod
+    def _static_member(group: ConsumerGroup, instance_id: str) -> ConsumerGroupMember | None:
+        for member in group.members.values():
+            if member.instance_id == instance_id:
+                return member
+        return None
+
+    def _replace_static_member(self, group: ConsumerGroup, old: ConsumerGroupMember,
+                               member_id: str) -> ConsumerGroupMember:
+        """A static member back under a new member id takes its predecessor's place and
+        assignment (Kafka's static member replacement): no group epoch bump, nothing
+        moves."""
+        group.release(old)
+        del group.members[old.member_id]
+        old.timer_token += 1
+        member = ConsumerGroupMember(
+            member_id, old.client_id, old.client_host, instance_id=old.instance_id,
+            rack_id=old.rack_id, rebalance_timeout_ms=old.rebalance_timeout_ms,
+            subscribed_topic_names=old.subscribed_topic_names,
+            subscribed_topic_regex=old.subscribed_topic_regex,
+            server_assignor=old.server_assignor, member_epoch=0, assigned=old.assigned)
+        group.members[member_id] = member
+        group.target[member_id] = group.target.pop(old.member_id, frozenset())
+        group.take(member)
+        log.info("static member %s (instance id %s) of consumer group %s replaced by %s",
+                 old.member_id, old.instance_id, group.group_id, member_id)
+        return member
+
+    def _static_leave(self, group_id: str, member_id: str, instance_id: str) -> HeartbeatResult:
+        """Member epoch -2: a static member goes away for now; it keeps its assignment
+        (nobody else gets those partitions) until its session timeout, and a member with
+        its instance id takes over where it left."""
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if member is None or member.instance_id != instance_id:
+            raise HeartbeatError(ErrorCode.unknown_member_id if member is None
+                                 else ErrorCode.fenced_instance_id,
+                                 f"Instance id {instance_id} is unknown.")
+        log.info("static member %s (instance id %s) leaves consumer group %s for now",
+                 member_id, instance_id, group_id)
+        for tp in member.pending_revocation:
+            if group.owners.get(tp) == member.member_id:
+                del group.owners[tp]
+        member.pending_revocation = frozenset()
+        member.state = MemberState.STABLE
+        member.revoke_by = math.inf
+        member.previous_member_epoch = member.member_epoch
+        member.member_epoch = STATIC_LEAVE_EPOCH
+        return HeartbeatResult(member_id=member_id, member_epoch=STATIC_LEAVE_EPOCH)
 
     def _leave(self, group_id: str, member_id: str, member_epoch: int) -> HeartbeatResult:
         group = self.groups.get(group_id)
