@@ -72,7 +72,7 @@ async def test_kafka_python_infers_3_9_or_later(node):
 
 
 async def test_kafka_python_describe_features(node):
-    """ApiVersions v3+ (KIP-584): only features Mink implements, none finalized above 0."""
+    """ApiVersions v3+ (KIP-584): only features Mink implements (group.version 1: KIP-848)."""
     def features():
         admin = kafka_python_admin(node)
         try:
@@ -81,7 +81,8 @@ async def test_kafka_python_describe_features(node):
             admin.close()
 
     described = await in_thread(features)
-    assert described == {"group.version": {"supported": (0, 0)},
+    assert described == {"group.version": {"supported": (0, 1), "finalized": (1, 1),
+                                           "finalized_epoch": 0},
                          "transaction.version": {"supported": (0, 0)}}
 
 

@@ -73,6 +73,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     group_initial_rebalance_delay_ms: int = 3000
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
+    # KIP-848 consumer groups: group.consumer.heartbeat.interval.ms and
+    # group.consumer.session.timeout.ms (set by the broker, not the client), and
+    # group.consumer.assignors (comma-separated, the first is the default).
+    group_consumer_heartbeat_interval_ms: int = 5000
+    group_consumer_session_timeout_ms: int = 45000
+    group_consumer_assignors: str = "uniform,range"
     # Committed offsets expire (KIP-211) offsets.retention.minutes after their group became
     # Empty (by commit time for groups no member ever joined), checked every
     # offsets.retention.check.interval.ms by each group's coordinator. Minutes as a float,

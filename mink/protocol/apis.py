@@ -50,6 +50,8 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
     DESCRIBE_TOPIC_PARTITIONS = 75
 
 
@@ -92,6 +94,10 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_GROUPS: (0, 6),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
+    # KIP-848 consumer groups (v1: the client names its member, KIP-1082, and may subscribe
+    # by regular expression)
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 1),
     # Client quotas (KIP-546), user and client-id entities
     ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1),
     ApiKey.ALTER_CLIENT_QUOTAS: (0, 1),
@@ -108,15 +114,15 @@ ADVERTISED: dict[int, tuple[int, int]] = {
 
 
 # Feature flags in ApiVersions v3+ (KIP-584): name -> (min, max) level this broker supports.
-# Only what is implemented: classic groups only (no KIP-848 consumer groups: group.version 0),
-# no KIP-890 part 2 transactions (transaction.version 0). Mink is not KRaft, so it has no
-# metadata.version or kraft.version.
+# Only what is implemented: KIP-848 consumer groups (group.version 1), no KIP-890 part 2
+# transactions (transaction.version 0). Mink is not KRaft, so it has no metadata.version or
+# kraft.version.
 SUPPORTED_FEATURES: dict[str, tuple[int, int]] = {
-    "group.version": (0, 0),
+    "group.version": (0, 1),
     "transaction.version": (0, 0),
 }
-# name -> finalized level: none is above 0, and Kafka lists no feature finalized at 0.
-FINALIZED_FEATURES: dict[str, int] = {}
+# name -> finalized level (Kafka lists no feature finalized at 0).
+FINALIZED_FEATURES: dict[str, int] = {"group.version": 1}
 
 
 def advertised(api_key: int, api_version: int) -> bool:

@@ -31,6 +31,8 @@ from typing import Any
 import trio
 from kio.schema.errors import ErrorCode
 
+from mink.broker.groups.consumer_coordinator import ConsumerGroupCoordinator
+from mink.broker.groups.consumer_group import ConsumerGroupState
 from mink.broker.groups.state import (
     UNKNOWN_MEMBER_ID,
     Group,
@@ -178,6 +180,8 @@ class GroupCoordinator:
         self.max_session_timeout_ms = config.group_max_session_timeout_ms
         self.store = GroupStore(node.metadata)
         self.groups: dict[str, Group] = {}
+        # KIP-848 consumer groups (ConsumerGroupHeartbeat), beside the classic ones
+        self.consumer = ConsumerGroupCoordinator(self)
         self._turns: dict[str, _Turns] = {}
         self._partitions: dict[int, _Partition] = {}
         self._refused: dict[int, tuple[Any, int]] = {}  # (topic id, epoch) a write was refused at
@@ -272,6 +276,7 @@ class GroupCoordinator:
             while True:
                 try:
                     stored = await self.store.load(st.index)
+                    consumer_stored = await self.store.load_consumer_groups(st.index)
                     break
                 except md.MetadataUnavailable as exc:
                     log.warning("loading groups of %s-%d failed, retrying: %s",
@@ -285,6 +290,8 @@ class GroupCoordinator:
             self.groups[group.group_id] = group
             for member in group.members.values():
                 self._touch(group, member)
+        for record in consumer_stored:
+            self.consumer.restore(record, st.index)
         st.loaded = True
         (log.info if stored else log.debug)(
             "coordinating %d groups of %s-%d at leader epoch %d", len(stored), OFFSETS_TOPIC,
@@ -295,6 +302,7 @@ class GroupCoordinator:
         if st is None:
             return
         st.cancel_scope.cancel()
+        self.consumer.unload(index)
         dropped = [g for g in self.groups.values() if g.partition == index]
         for group in dropped:
             del self.groups[group.group_id]
@@ -342,6 +350,10 @@ class GroupCoordinator:
         return Fence(st.topic_id, st.index, st.leader_epoch, self.node.node_id,
                      self.node.membership.node_epoch)
 
+    def _is_current(self, group) -> bool:
+        return (self.groups.get(group.group_id) is group
+                or self.consumer.groups.get(group.group_id) is group)
+
     def _add_group(self, group_id: str) -> Group:
         group = Group(group_id, self.partition_for(group_id))
         self.groups[group_id] = group
@@ -371,7 +383,7 @@ class GroupCoordinator:
             await turns.wait(ticket)
             got_turn = True
             fence = self._fence(group)
-            if fence is None or self.groups.get(group.group_id) is not group:
+            if fence is None or not self._is_current(group):
                 error = ErrorCode.not_coordinator  # unloaded meanwhile (perhaps reloaded)
             else:
                 try:
@@ -587,6 +599,18 @@ class GroupCoordinator:
                 <= self.max_session_timeout_ms):
             return Waiter.done(join_error(member_id, ErrorCode.invalid_session_timeout))
         is_unknown = member_id == UNKNOWN_MEMBER_ID
+        consumer_group = self.consumer.groups.get(group_id)
+        if consumer_group is not None:
+            # Kafka with online migration disabled: a classic member cannot join a consumer
+            # group that has members; an empty one is replaced, keeping its offsets.
+            if consumer_group.members or not is_unknown:
+                return Waiter.done(join_error(member_id,
+                                              ErrorCode.inconsistent_group_protocol))
+            self.consumer.delete_if_empty(group_id)
+            classic = self._add_group(group_id)
+            classic.offsets = consumer_group.offsets
+            self._write(classic, lambda fence: self.store.drop_consumer_group(fence, group_id))
+            log.info("converted the empty consumer group %s to a classic group", group_id)
         group = self.groups.get(group_id)
         if group is None:
             if not is_unknown:
@@ -905,7 +929,8 @@ class GroupCoordinator:
 
     async def commit_offsets(self, group_id: str, member_id: str,
                              group_instance_id: str | None, generation: int,
-                             offsets: list[StoredOffset]) -> dict[tuple[str, int], ErrorCode]:
+                             offsets: list[StoredOffset], api_version: int | None = None
+                             ) -> dict[tuple[str, int], ErrorCode]:
         """OffsetCommit: an error per (topic, partition); NONE once durable."""
         keys = [(o.topic, o.partition) for o in offsets]
 
@@ -915,18 +940,31 @@ class GroupCoordinator:
         error = self._status(group_id)
         if error:
             return every(error)
-        group = self.groups.get(group_id)
-        if group is None:
-            if generation >= 0:
-                return every(ErrorCode.illegal_generation)  # from a generation long gone
-            group = self._add_group(group_id)
-        error = self._validate_offset_commit(group, generation, member_id, group_instance_id)
-        if error is None and group.state is COMPLETING:
-            error = ErrorCode.rebalance_in_progress
-        if error is not None:
-            return every(error)
-        if group.state in (STABLE, PREPARING) and member_id in group.members:
-            self._touch(group, group.members[member_id])
+        group: Any = self.consumer.groups.get(group_id)
+        if group is not None:
+            # a KIP-848 consumer group: the member epoch is checked (STALE_MEMBER_EPOCH)
+            error = self.consumer.validate_offset_commit(group, member_id, generation,
+                                                         api_version)
+            if error is not None:
+                return every(error)
+            session_ms = self.consumer.session_timeout_ms
+        else:
+            group = self.groups.get(group_id)
+            if group is None:
+                if generation >= 0:
+                    return every(ErrorCode.illegal_generation)  # from a generation long gone
+                group = self._add_group(group_id)
+            error = self._validate_offset_commit(group, generation, member_id,
+                                                 group_instance_id)
+            if error is None and group.state is COMPLETING:
+                error = ErrorCode.rebalance_in_progress
+            if error is not None:
+                return every(error)
+            if group.state in (STABLE, PREPARING) and member_id in group.members:
+                self._touch(group, group.members[member_id])
+            member = group.members.get(member_id)
+            session_ms = (member.session_timeout_ms if member is not None
+                          else self.node.config.group_min_session_timeout_ms)
         results: dict[tuple[str, int], ErrorCode] = {}
         accepted: list[StoredOffset] = []
         view = self.node.view
@@ -944,7 +982,7 @@ class GroupCoordinator:
             async def write(fence: Fence) -> None:
                 await self.store.commit_offsets(fence, group_id, accepted)
                 # Durable: the cache follows, also when the request stopped waiting.
-                if group.state is not DEAD:
+                if group.state not in (DEAD, ConsumerGroupState.DEAD):
                     now_ms = int(trio.current_time() * 1000)
                     for o in accepted:
                         group.offsets[(o.topic, o.partition)] = OffsetAndMetadata(
@@ -954,9 +992,6 @@ class GroupCoordinator:
             # Responses stay in order per connection, so a commit waiting on PostgreSQL holds
             # back the member's heartbeats: wait at most a third of its session timeout, then
             # answer as Kafka maps a timed-out offsets append (the client commits again).
-            member = group.members.get(member_id)
-            session_ms = (member.session_timeout_ms if member is not None
-                          else self.node.config.group_min_session_timeout_ms)
             with trio.move_on_after(session_ms / 3000):
                 error = await written.wait()
             if not written.is_set:
@@ -996,18 +1031,27 @@ class GroupCoordinator:
         for group_id, topic, partition, offset, leader_epoch, metadata, committed in done:
             if not committed or self._status(group_id):
                 continue
-            group = self.groups.get(group_id) or self._add_group(group_id)
+            group = (self.consumer.groups.get(group_id) or self.groups.get(group_id)
+                     or self._add_group(group_id))
             group.offsets[(topic, partition)] = OffsetAndMetadata(offset, leader_epoch,
                                                                   metadata, now_ms)
 
-    def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None
+    def fetch_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None,
+                      member_id: str | None = None, member_epoch: int = -1
                       ) -> tuple[ErrorCode, list[OffsetEntry]]:
         """OffsetFetch: (group error, entries); every partition asked for, or every committed
-        one when `partitions` is None."""
+        one when `partitions` is None. The member id and epoch (v9) are checked for a
+        KIP-848 consumer group only, as Kafka does."""
         error = self._status(group_id)
         if error:
             return error, []
-        group = self.groups.get(group_id)
+        group: Any = self.consumer.groups.get(group_id)
+        if group is not None:
+            error = self.consumer.validate_offset_fetch(group, member_id, member_epoch)
+            if error is not None:
+                return error, []
+        else:
+            group = self.groups.get(group_id)
         stored = group.offsets if group is not None else {}
         if partitions is None:
             partitions = sorted(stored)
@@ -1168,6 +1212,14 @@ class GroupCoordinator:
             if error:
                 results[group_id] = error
                 continue
+            consumer_group = self.consumer.groups.get(group_id)
+            if consumer_group is not None:
+                if consumer_group.members:
+                    results[group_id] = ErrorCode.non_empty_group
+                    continue
+                # an empty consumer group is deleted as an empty classic one is
+                self.consumer.delete_if_empty(group_id)
+                self._add_group(group_id).offsets = consumer_group.offsets
             group = self.groups.get(group_id)
             if group is None or group.state is DEAD:
                 results[group_id] = ErrorCode.group_id_not_found

@@ -42,7 +42,8 @@ class ConsumerLag:
     async def refresh(self) -> None:
         node = self.node
         committed: list[tuple[str, str, int, int]] = []
-        for group in list(node.groups.groups.values()):
+        groups = [*node.groups.groups.values(), *node.groups.consumer.groups.values()]
+        for group in groups:
             for (topic, partition), offset in group.offsets.items():
                 committed.append((group.group_id, topic, partition, offset.offset))
         ends: dict[tuple[str, int], int] = {}

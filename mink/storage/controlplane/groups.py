@@ -25,7 +25,7 @@ from mink.storage.controlplane.postgres import IDEMPOTENT, READ, MetadataStore
 from mink.storage.pgtext import from_pg, to_pg
 
 __all__ = ["Fence", "StoredMember", "StoredOffset", "StoredGroup", "GroupStore",
-           "NotGroupCoordinator", "OffsetsExpiry"]
+           "NotGroupCoordinator", "OffsetsExpiry", "StoredConsumerGroup"]
 
 
 class NotGroupCoordinator(MetadataError):
@@ -84,6 +84,14 @@ class OffsetsExpiry(msgspec.Struct):
     group_deleted: bool = False
 
 
+class StoredConsumerGroup(msgspec.Struct):
+    """A KIP-848 consumer group's state (sql/0017): `state` is the coordinator's own json
+    document (mink/broker/groups/consumer_group.py), stored and loaded as it is."""
+    group_id: str
+    group_epoch: int
+    state: str
+
+
 _members_encoder = msgspec.json.Encoder()
 _expiry_decoder = msgspec.json.Decoder(OffsetsExpiry)
 _groups_decoder = msgspec.json.Decoder(list[StoredGroup])
@@ -117,6 +125,16 @@ SELECT mink_expire_group_offsets(%s::uuid, %s::int, %s::int, %s::int, %s::bigint
                                  %s::text, %s::text[], %s::bigint)::text"""
 
 
+SQL_LOAD_CONSUMER_GROUPS = """
+SELECT group_id, group_epoch, state::text FROM kip848_groups
+ WHERE coordinator_partition = %s ORDER BY group_id"""
+SQL_STORE_CONSUMER_GROUP = """
+SELECT mink_store_consumer_group(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::text,
+                                 %s::int, %s::json)"""
+SQL_DROP_CONSUMER_GROUP = """
+SELECT mink_drop_consumer_group(%s::uuid, %s::int, %s::int, %s::int, %s::bigint, %s::text)"""
+
+
 class GroupStore:
     """The group coordinator's narrow interface to PostgreSQL."""
 
@@ -127,6 +145,19 @@ class GroupStore:
         """Every group of a partition of __consumer_offsets, with its committed offsets."""
         row = await self.metadata.fetch_one(READ, SQL_LOAD_PARTITION, (partition,))
         return [_from_pg(g) for g in _groups_decoder.decode(row[0])] if row else []
+
+    async def load_consumer_groups(self, partition: int) -> list[StoredConsumerGroup]:
+        """The KIP-848 consumer groups of a partition of __consumer_offsets (their offsets
+        come with `load`)."""
+        rows = await self.metadata.fetch_all(READ, SQL_LOAD_CONSUMER_GROUPS, (partition,))
+        return [StoredConsumerGroup(from_pg(r[0]), r[1], r[2]) for r in rows]
+
+    async def store_consumer_group(self, fence: Fence, group: StoredConsumerGroup) -> None:
+        await self._fenced(SQL_STORE_CONSUMER_GROUP, (
+            *fence.params(), to_pg(group.group_id), group.group_epoch, group.state))
+
+    async def drop_consumer_group(self, fence: Fence, group_id: str) -> None:
+        await self._fenced(SQL_DROP_CONSUMER_GROUP, (*fence.params(), to_pg(group_id)))
 
     async def store_group(self, fence: Fence, group: StoredGroup) -> None:
         """The state of a completed generation (its offsets are not touched)."""

@@ -27,7 +27,9 @@ async def handle(node, ctx, request):
         if version >= 6 and not error and summary.state == DEAD:
             # v6 (KIP-1043): a group that does not exist is an error, not a Dead group,
             # answered as Kafka's DescribeGroupsResponse.groupError
-            error, message = ErrorCode.group_id_not_found, f"Group {group_id} not found."
+            error, message = ErrorCode.group_id_not_found, (
+                f"Group {group_id} is not a classic group."
+                if group_id in node.groups.consumer.groups else f"Group {group_id} not found.")
             summary, group_ops = GroupSummary("", "", "", []), OMITTED
         described.append(build(
             group_schema, error_code=error, error_message=message, group_id=group_id, group_state=summary.state,

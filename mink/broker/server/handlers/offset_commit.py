@@ -16,7 +16,7 @@ async def handle(node, ctx, request):
     # OffsetFetch) sees it, as Kafka's one-request-at-a-time connections do.
     errors = await node.groups.commit_offsets(
         request.group_id, request.member_id, getattr(request, "group_instance_id", None),
-        request.generation_id_or_member_epoch, offsets)
+        request.generation_id_or_member_epoch, offsets, api_version=ctx.header.api_version)
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     topic_schema = nested(schema, "OffsetCommitResponseTopic")

@@ -1,8 +1,8 @@
 """OffsetFetch: a group's committed offsets (every committed one when topics is null).
 
 v8+ (KIP-709) asks for several groups in one request, each answered with its own error.
-v9's member id and epoch (KIP-848) are checked only for consumer groups, which Mink does
-not have: a classic group ignores them, as Kafka's does. With `require_stable` (KIP-447)
+v9's member id and epoch (KIP-848) are checked only for consumer groups (UNKNOWN_MEMBER_ID,
+STALE_MEMBER_EPOCH): a classic group ignores them, as Kafka's does. With `require_stable` (KIP-447)
 a partition whose offset a transaction has pending answers UNSTABLE_OFFSET_COMMIT."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ def _requested(topics) -> list[tuple[str, int]] | None:
                                          for i in t.partition_indexes]
 
 
-async def _fetch(node, group_id: str, requested, stable: bool):
+async def _fetch(node, group_id: str, requested, stable: bool, member_id=None,
+                 member_epoch: int = -1):
     unstable = await unstable_partitions(node, group_id) if stable else set()
-    error, entries = node.groups.fetch_offsets(group_id, requested)
+    error, entries = node.groups.fetch_offsets(group_id, requested, member_id, member_epoch)
     if stable and not error:
         entries = mark_unstable(entries, unstable)
     return error, entries
@@ -38,7 +39,8 @@ async def handle(node, ctx, request):
         groups = []
         for group in request.groups:
             error, entries = await _fetch(node, group.group_id, _requested(group.topics),
-                                          stable)
+                                          stable, getattr(group, "member_id", None),
+                                          getattr(group, "member_epoch", -1))
             groups.append(build(group_schema, group_id=group.group_id, error_code=error,
                                 topics=_topics(schema, "OffsetFetchResponseTopics",
                                                "OffsetFetchResponsePartitions", entries)))
