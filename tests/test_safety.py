@@ -181,7 +181,7 @@ async def test_renewals_do_not_queue_behind_a_busy_pool(pg_url, store_url, nurse
 
     def hog_the_pool(node) -> None:
         # Started from the node's own task: its trio-asyncio loop runs the pool.
-        for _ in range(node.metadata._max_size):
+        for _ in range(node.metadata.pool_size):
             node.nursery.start_soon(hold_a_connection, node)
         started.append(node)
 
@@ -191,7 +191,7 @@ async def test_renewals_do_not_queue_behind_a_busy_pool(pg_url, store_url, nurse
     (node,) = started
     epoch = node.membership.node_epoch
     with trio.fail_after(4 * ttl):
-        while len(done) < node.metadata._max_size:
+        while len(done) < node.metadata.pool_size:
             assert node.membership.may_lead(), "fenced while its pool was busy"
             await trio.sleep(0.05)
     assert node.membership.node_epoch == epoch

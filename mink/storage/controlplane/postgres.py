@@ -425,6 +425,11 @@ class MetadataStore:
         self._checking = False
         self._cross = trio_asyncio.aio_as_trio(self._aio_run)
 
+    @property
+    def pool_size(self) -> int:
+        """The most connections the pool opens."""
+        return self._max_size
+
     # -- life cycle ----------------------------------------------------------------------------
 
     @classmethod
