@@ -116,13 +116,6 @@ class ClientQuotaManager:
             return math.inf
         return found[0] * (self.samples - 1) * self.window
 
-    def rate(self, user: str, client_id: str, now: float) -> float | None:
-        """The measured rate of whoever (user, client id) is charged with, if quota'd."""
-        found = self.quota(user, client_id)
-        if found is None or found[1] not in self._sensors:
-            return None
-        return self._sensors[found[1]].measure(now)
-
 
 class QuotaManager:
     """The three quota types of a node, the stored entities, and the handler timer."""
@@ -190,15 +183,6 @@ class QuotaManager:
             await trio.sleep_forever()
         finally:
             self._install_timer(False)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.entities)
-
-    def applies(self, user: str, client_id: str) -> bool:
-        """Is any quota type bounding this user and client id?"""
-        return any(m.limits and m.quota(user, client_id) is not None
-                   for m in (self.produce, self.fetch, self.request))
 
     # -- charging requests -------------------------------------------------------------------
 
