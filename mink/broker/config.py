@@ -98,6 +98,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     transactional_id_expiration_ms: int = 604_800_000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3_600_000
 
+    # Incremental fetch sessions (KIP-227): max.incremental.fetch.session.cache.slots (0 turns
+    # sessions off) and min.incremental.fetch.session.eviction.ms, Kafka's names and defaults.
+    max_incremental_fetch_session_cache_slots: int = 1000
+    min_incremental_fetch_session_eviction_ms: int = 120_000
+
     # Client quotas (mink/broker/quotas/): rates are measured over quota.window.num windows
     # of quota.window.size.seconds, Kafka's names and defaults.
     quota_window_num: int = 11

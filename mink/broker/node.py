@@ -28,6 +28,7 @@ from mink.broker.config import Config
 from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.logs import bind_node
 from mink.broker.quotas.manager import QuotaManager
+from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.admin import TopicAdmin
@@ -68,6 +69,9 @@ class Node:
         self.transactions = TransactionCoordinator(self)  # transactional ids
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
         self.quotas = QuotaManager(self)  # client quotas, read when the view moves
+        self.fetch_sessions = FetchSessionCache(  # KIP-227 incremental fetch sessions
+            config.max_incremental_fetch_session_cache_slots,
+            config.min_incremental_fetch_session_eviction_ms / 1000)
         self.ready = trio.Event()  # registered and its view loaded: requests may be served
         # False: stopping leaves the membership and the coordinator lease to expire, as after
         # a crash (the test harness's in-process "kill").

@@ -20,7 +20,7 @@ import uuid
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
 from mink.broker.groups.lag import ConsumerLag
@@ -403,6 +403,14 @@ class _NodeStateCollector:
         for state, count in sorted(states.items()):
             groups.add_metric([state], count)
         yield groups
+        sessions = node.fetch_sessions  # Kafka's FetchSessionCache metrics (KIP-227)
+        yield _gauge("mink_fetch_sessions", "Incremental fetch sessions this node keeps "
+                     "(NumIncrementalFetchSessions).", len(sessions))
+        yield _gauge("mink_fetch_session_partitions", "Partitions held by those sessions "
+                     "(NumIncrementalFetchPartitionsCached).", sessions.partitions_cached())
+        yield CounterMetricFamily("mink_fetch_session_evictions", "Sessions evicted to make "
+                                  "room for new ones (IncrementalFetchSessionEvictionsPerSec).",
+                                  value=sessions.evictions)
         yield from self.metrics.lag.families()
 
 

@@ -1,6 +1,9 @@
 """Fetch: committed batches from the partitions' logs, long-polling on commits until
-`min_bytes` are there or `max_wait` has passed. Fetch sessions are not kept: every answer
-carries session id 0, which clients accept as "full fetch each time".
+`min_bytes` are there or `max_wait` has passed.
+
+Fetch sessions (KIP-227, `mink/broker/server/fetch_sessions.py`): a full fetch at epoch 0
+opens one, and an incremental fetch names only what changed and is answered only with the
+partitions that have something new.
 
 The consumer byte-rate quota as Kafka's KafkaApis applies it: a fetch reads at most what
 the quota allows in its windows, its response's bytes are charged, and a fetch that passes
@@ -13,6 +16,7 @@ import struct
 import trio
 from kio.schema.errors import ErrorCode
 
+from mink.broker.server import fetch_sessions as sessions
 from mink.broker.server.errors import error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import Located, check_leader_epoch, locate
@@ -21,36 +25,45 @@ from mink.broker.transactions import read_committed
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.log import LogError
 
+TOPIC_IDS_FROM = 13  # Fetch v13+ (KIP-516) names topics by id only
+
 
 class _Read:
     __slots__ = ("topic", "topic_id", "request", "located", "error", "records", "size",
-                 "aborted")
+                 "aborted", "key")
 
-    def __init__(self, topic: str | None, topic_id, request, located):
+    def __init__(self, topic: str | None, topic_id, request, located, key=None):
         self.topic = topic
         self.topic_id = topic_id
-        self.request = request
+        self.request = request  # the request's partition, or the session's CachedPartition
         self.located = located
         self.error = located.error
         self.records: list = []
         self.size = 0
         self.aborted: list = []  # read_committed: (producer id, first offset)
+        self.key = key  # the partition's key in its fetch session
+
+
+class _SessionError(Exception):
+    def __init__(self, error: ErrorCode) -> None:
+        self.error = error
 
 
 async def handle(node, ctx, request):
     ctx.applied()  # reads change nothing: later requests on the connection may start
     version = ctx.header.api_version
-    reads = []
-    for topic in request.topics:
-        # v13+ (KIP-516) names the topic by id only
-        name, topic_id, unknown = requested_topic(node.view, getattr(topic, "topic", None),
-                                                  getattr(topic, "topic_id", None))
-        for p in topic.partitions:
-            located = Located(unknown) if unknown else locate(node, name, p.partition)
-            read = _Read(name, topic_id, p, located)
-            if located.log is not None:
-                read.error = check_leader_epoch(p.current_leader_epoch, located.log)
-            reads.append(read)
+    try:
+        session, incremental = _session_for(node, request, version)
+    except _SessionError as exc:
+        return _error_response(version, exc.error)
+    if incremental:
+        reads = [_read_of(node, key, cached, version)
+                 for key, cached in session.partitions.items()]
+    else:
+        reads = _reads_of_request(node, request, version)
+        if session is not None:
+            for read in reads:
+                session.partitions[read.key] = sessions.CachedPartition(read.request)
     deadline = trio.current_time() + request.max_wait.total_seconds()
     committed_only = request.isolation_level == read_committed.READ_COMMITTED
     quota = node.quotas.fetch
@@ -59,12 +72,13 @@ async def handle(node, ctx, request):
     charged = bool(quota.limits) and not ctx.quota_exempt
     if charged:
         max_bytes = int(min(max_bytes, quota.max_value_in_window(user, client_id)))
+    changed = None  # the logs that committed since the last read; None: read them all
     while True:
-        total = await _read_all(reads, max_bytes, committed_only)
+        total = await _read_all(reads, max_bytes, committed_only, changed)
         if total >= request.min_bytes or trio.current_time() >= deadline or (
                 any(r.error for r in reads)):
             break
-        await _wait_for_commit(reads, deadline)
+        changed = await _wait_for_commit(reads, deadline)
     if charged:
         now = trio.current_time()
         size = sum(r.size for r in reads)
@@ -73,9 +87,109 @@ async def handle(node, ctx, request):
             quota.unrecord(user, client_id, size, now)
             for read in reads:
                 read.records, read.size = [], 0
+            if incremental:  # no partition, the session's answers left as they were
+                reads = []
     if committed_only:
         await _find_aborted(node, reads)
-    return _response(node, version, reads)
+    if session is not None:
+        reads = _answered_in_session(session, reads, incremental)
+    session_id = session.id if session is not None else sessions.INVALID_SESSION_ID
+    return _response(node, version, reads, session_id)
+
+
+def _session_for(node, request, version: int):
+    """(session or None, incremental?) for the request's session id and epoch; the request's
+    changes are applied to an incremental fetch's session."""
+    cache = node.fetch_sessions
+    session_id, epoch = request.session_id, request.session_epoch
+    if version < 7:
+        return None, False
+    now = trio.current_time()
+    if epoch in (sessions.INITIAL_EPOCH, sessions.FINAL_EPOCH):
+        if session_id != sessions.INVALID_SESSION_ID:
+            cache.remove(session_id)
+        if epoch == sessions.FINAL_EPOCH:
+            return None, False
+        return cache.create(version >= TOPIC_IDS_FROM, now), False
+    if epoch < 0:
+        raise _SessionError(ErrorCode.invalid_fetch_session_epoch)
+    session = cache.get(session_id, now)
+    if session is None:
+        raise _SessionError(ErrorCode.fetch_session_id_not_found)
+    if session.epoch != epoch:
+        raise _SessionError(ErrorCode.invalid_fetch_session_epoch)
+    if session.uses_topic_ids != (version >= TOPIC_IDS_FROM):
+        raise _SessionError(ErrorCode.fetch_session_topic_id_error)
+    uses_ids = session.uses_topic_ids
+    for topic in request.topics:
+        name = topic.topic_id if uses_ids else topic.topic
+        for p in topic.partitions:
+            cached = session.partitions.get((name, p.partition))
+            if cached is None:
+                session.partitions[(name, p.partition)] = sessions.CachedPartition(p)
+            else:
+                cached.update(p)
+    for topic in request.forgotten_topics_data:
+        name = topic.topic_id if uses_ids else topic.topic
+        for index in topic.partitions:
+            session.partitions.pop((name, index), None)
+    session.epoch = sessions.next_epoch(session.epoch)
+    return session, True
+
+
+def _reads_of_request(node, request, version: int) -> list[_Read]:
+    reads = []
+    for topic in request.topics:
+        # v13+ (KIP-516) names the topic by id only
+        name, topic_id, unknown = requested_topic(node.view, getattr(topic, "topic", None),
+                                                  getattr(topic, "topic_id", None))
+        key_topic = topic_id if version >= TOPIC_IDS_FROM else name
+        for p in topic.partitions:
+            reads.append(_located_read(node, name, topic_id, unknown, p,
+                                       (key_topic, p.partition)))
+    return reads
+
+
+def _read_of(node, key, cached, version: int) -> _Read:
+    """A session partition, resolved against the current view (it may have been deleted)."""
+    if version >= TOPIC_IDS_FROM:
+        name, topic_id, unknown = requested_topic(node.view, None, key[0])
+    else:
+        name, topic_id, unknown = requested_topic(node.view, key[0], None)
+    return _located_read(node, name, topic_id, unknown, cached, key)
+
+
+def _located_read(node, name, topic_id, unknown, partition_request, key) -> _Read:
+    located = Located(unknown) if unknown else locate(node, name, partition_request.partition)
+    read = _Read(name, topic_id, partition_request, located, key)
+    if located.log is not None:
+        read.error = check_leader_epoch(
+            getattr(partition_request, "current_leader_epoch", -1), located.log)
+    return read
+
+
+def _answered_in_session(session, reads: list[_Read], incremental: bool) -> list[_Read]:
+    """The reads the answer carries: all of a full fetch's, an incremental fetch's with
+    something new. Each one answered is remembered and moves to the end of the session."""
+    answered = []
+    for read in reads:
+        cached = session.partitions.get(read.key)
+        if cached is None:
+            continue
+        partition_log = read.located.log
+        high_watermark = partition_log.high_watermark if partition_log is not None else -1
+        log_start = partition_log.log_start_offset if partition_log is not None else -1
+        if cached.must_respond(bool(read.records), read.error, high_watermark, log_start) or (
+                not incremental):
+            answered.append(read)
+            session.answered(read.key)
+    return answered
+
+
+def _error_response(version: int, error: ErrorCode):
+    schema = response_schema(1, version)
+    return build(schema, throttle_time=NO_THROTTLE, error_code=error,
+                 session_id=sessions.INVALID_SESSION_ID, responses=(), node_endpoints=())
 
 
 async def _find_aborted(node, reads: list[_Read]) -> None:
@@ -90,13 +204,22 @@ async def _find_aborted(node, reads: list[_Read]) -> None:
                 read.error, read.records = error_for(exc), []
 
 
-async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = False) -> int:
+async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = False,
+                    changed: set | None = None) -> int:
+    """Read every partition, or after a wake-up (`changed`) only those whose log committed
+    since: a log that committed nothing would answer the same again, unless the budget left
+    for it shrank below what it gave last time."""
     total = 0
     for read in reads:
-        read.records, read.size = [], 0
         if read.error:
+            read.records, read.size = [], 0
             continue
         budget = min(read.request.partition_max_bytes, max_bytes - total)
+        if changed is not None and read.located.log not in changed and (
+                read.size == 0 or read.size <= budget):
+            total += read.size
+            continue
+        read.records, read.size = [], 0
         if budget <= 0 and total > 0:
             continue  # the response is full; the first batch of a fetch is always sent
         try:
@@ -113,20 +236,36 @@ async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = F
     return total
 
 
-async def _wait_for_commit(reads: list[_Read], deadline: float) -> None:
-    woken = trio.Event()
-    logs = [r.located.log for r in reads if r.located.log is not None]
-    for partition_log in logs:
-        partition_log.waiters.add(woken)
+class _Waiter:
+    """What a log wakes at its commits (it calls `set()`): records which log it was."""
+
+    __slots__ = ("log", "woken", "changed")
+
+    def __init__(self, partition_log, woken: trio.Event, changed: set) -> None:
+        self.log, self.woken, self.changed = partition_log, woken, changed
+
+    def set(self) -> None:
+        self.changed.add(self.log)
+        self.woken.set()
+
+
+async def _wait_for_commit(reads: list[_Read], deadline: float) -> set:
+    """The logs that committed before the deadline (empty if none did)."""
+    woken, changed = trio.Event(), set()
+    waiters = [_Waiter(r.located.log, woken, changed) for r in reads
+               if r.located.log is not None]
+    for waiter in waiters:
+        waiter.log.waiters.add(waiter)
     try:
         with trio.move_on_at(deadline):
             await woken.wait()
     finally:
-        for partition_log in logs:
-            partition_log.waiters.discard(woken)
+        for waiter in waiters:
+            waiter.log.waiters.discard(waiter)
+    return changed
 
 
-def _response(node, version: int, reads: list[_Read]):
+def _response(node, version: int, reads: list[_Read], session_id: int):
     schema = response_schema(1, version)
     partition_schema = nested(schema, "PartitionData")
     aborted_schema = nested(schema, "AbortedTransaction")
@@ -161,7 +300,8 @@ def _response(node, version: int, reads: list[_Read]):
             preferred_read_replica=-1,
             records=b"".join(read.records) if read.records else b"", **extra))
     topic_schema = nested(schema, "FetchableTopicResponse")
-    return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
+    return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                 session_id=session_id,
                  responses=tuple(build(topic_schema, topic=name, topic_id=topic_id,
                                        partitions=tuple(parts))
                                  for (name, topic_id), parts in topics.items()),
