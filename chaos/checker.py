@@ -86,6 +86,7 @@ class Facts:
     end_t: float = 0.0
     # the transactional topic: txn -> its message ids, txn -> outcome; its final read
     txn_sends: dict[str, list[str]] = field(default_factory=dict)
+    txn_producers: dict[str, str] = field(default_factory=dict)  # txn -> producer session
     txn_outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
     txn_final: list[dict[str, Any]] = field(default_factory=list)
     txn_final_done: dict[str, Any] | None = None
@@ -127,6 +128,7 @@ class Facts:
                 facts.final_done = e
             elif kind == "txn_send":
                 facts.txn_sends.setdefault(e["txn"], []).append(e["id"])
+                facts.txn_producers[e["txn"]] = e["producer"]
             elif kind == "txn_end":
                 facts.txn_outcomes[e["txn"]] = e
             elif kind == "txn_final":
@@ -508,7 +510,11 @@ def summary(facts: Facts) -> dict[str, Any]:
     """Counts of the workload itself, for the report."""
     per_producer: dict[str, dict[str, int]] = {}
     for name, p in facts.producers.items():
-        per_producer[name] = {"sent": 0, "acked": 0, "failed": 0}
+        per_producer[name] = {"sent": 0, "acked": 0, "failed": 0, "txn_sent": 0}
+    for txn, ids in facts.txn_sends.items():
+        producer = facts.txn_producers.get(txn)
+        if producer in per_producer:
+            per_producer[producer]["txn_sent"] += len(ids)
     for s in facts.sends.values():
         per_producer.setdefault(s["producer"], {"sent": 0, "acked": 0, "failed": 0})["sent"] += 1
     for a in facts.acks.values():

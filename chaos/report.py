@@ -93,8 +93,19 @@ def write_report(history_path: Path, events: list[dict[str, Any]], anomalies: An
     ]
     for name, c in sorted(totals["per_producer"].items()):
         p = facts.producers.get(name, {})
-        label = f"{name} ({p.get('client', '?')}, {'idempotent' if p.get('idempotent') else 'not idempotent'})"
-        lines.append(f"| {label} | {c['sent']} | {c['acked']} | {c['failed']} |")
+        kind = "transactional" if p.get("transactional") else (
+            "idempotent" if p.get("idempotent") else "not idempotent")
+        label = f"{name} ({p.get('client', '?')}, {kind})"
+        if p.get("transactional"):  # its messages are counted per transaction, below
+            lines.append(f"| {label} | {c.get('txn_sent', 0)} in transactions | - | - |")
+        else:
+            lines.append(f"| {label} | {c['sent']} | {c['acked']} | {c['failed']} |")
+    outcomes = totals["transactions"]
+    if any(outcomes.values()):
+        lines += ["", f"Transactions: {outcomes['commit']} committed, {outcomes['abort']} "
+                      f"aborted, {outcomes['unknown']} undecided to the client; "
+                      f"{totals['txn_final_records']} records in the read_committed final read "
+                      "of their topic."]
     if worker_errors or waits:
         lines += ["", "Harness problems:", ""]
         lines += [f"- worker {e['worker']}: {e['error']}" for e in worker_errors]

@@ -373,3 +373,18 @@ def test_an_incomplete_read_of_the_transactional_topic_fails():
     done = next(e for e in events if e["type"] == "txn_final_done")
     done.update(complete=False, missing=[1])
     assert only(check(events)) == {"final_read_incomplete": 1}
+
+
+def test_the_summary_counts_a_transactional_producers_messages_per_transaction():
+    """The report's producer table once showed the transactional producer as 0 sent: its
+    messages are txn_send events, counted with the outcomes of their transactions."""
+    from chaos.checker import Facts, summary
+
+    events = with_transactions({"t0": "commit", "t1": "abort", "t2": "unknown"},
+                               {"t0": [0, 1, 2]})
+    events.insert(0, {"t": 0.0, "type": "producer", "producer": "txn.0",
+                      "client": "confluent-kafka", "idempotent": True, "transactional": True})
+    totals = summary(Facts.from_events(events))
+    assert totals["per_producer"]["txn.0"]["txn_sent"] == 9
+    assert totals["transactions"] == {"commit": 1, "abort": 1, "unknown": 1}
+    assert totals["txn_final_records"] == 3
