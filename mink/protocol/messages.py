@@ -15,6 +15,7 @@ from typing import Any
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from .fetch_encoding import encode_fetch_response
 from .framing import size_prefix
 
 _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id: every header version
@@ -120,8 +121,23 @@ def encode_body(body: Any) -> EncodedBody:
     return EncodedBody(type(body), buffer.getvalue())
 
 
+def encode_response_frame(correlation_id: int, body: Any) -> bytes | list:
+    """The frame to send: bytes, or for a Fetch response a list of buffers to send in order
+    (fetch_encoding: the stored batches are not copied into the frame)."""
+    if _is_fetch_response(body):
+        return encode_fetch_response(correlation_id, type(body).__version__, body)
+    return encode_response(correlation_id, body)
+
+
+def _is_fetch_response(body: Any) -> bool:
+    kind = type(body)
+    return getattr(kind, "__api_key__", None) == 1 and kind.__name__ == "FetchResponse"
+
+
 def encode_response(correlation_id: int, body: Any) -> bytes:
     """The whole response frame, size prefix included."""
+    if _is_fetch_response(body):  # its records may be a list of buffers
+        return b"".join(encode_fetch_response(correlation_id, type(body).__version__, body))
     encoded = body if isinstance(body, EncodedBody) else None
     header_schema, write_header, write_body = _writers_for(
         encoded.schema if encoded else type(body))

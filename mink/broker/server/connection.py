@@ -34,7 +34,7 @@ from mink.protocol.messages import (
     MalformedRequest,
     Request,
     decode_request,
-    encode_response,
+    encode_response_frame,
     peek_client_id,
     peek_header,
 )
@@ -94,7 +94,7 @@ class _Slot:
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.frame: bytes | None = None
+        self.frame: bytes | list | None = None  # a list: buffers sent in order (Fetch)
         self.close = False
         self.throttle = 0.0  # seconds the connection is muted after this response
         self.hold = False  # a pre-KIP-219 client: hold the response back that long instead
@@ -219,7 +219,7 @@ class Connection:
                 metrics.quota_throttled(ctx.throttle_kind, throttle)
             if body is not None:
                 encode_started = time.perf_counter()
-                slot.frame = encode_response(header.correlation_id, body)
+                slot.frame = encode_response_frame(header.correlation_id, body)
                 if timer is not None and not ctx.quota_exempt:  # Kafka's network-thread
                     # time: charged, never throttling
                     self.node.quotas.record_request_time_no_throttle(
@@ -290,7 +290,7 @@ class Connection:
                 if slot.throttle and slot.hold:
                     await trio.sleep(slot.throttle)
                 if slot.frame is not None:
-                    await self.stream.send_all(slot.frame)
+                    await send_frame(self.stream, slot.frame)
                 if slot.throttle:
                     self._throttled_pending -= 1
                     if not slot.hold:
@@ -300,6 +300,34 @@ class Connection:
         # The reader stopped (peer closed or bad input) or a handler asked to close: everything
         # still running for this connection has no one to answer to.
         cancel_scope.cancel()
+
+
+_IOV_MAX = 512  # buffers per sendmsg, below every platform's IOV_MAX (1024 on Linux)
+
+
+async def send_frame(stream, frame: bytes | list) -> None:
+    """Send a frame; a list of buffers goes out with scatter-gather sends (sendmsg) on a
+    plain socket, so the batches in it are copied by the kernel only. Other streams (TLS)
+    get the buffers joined."""
+    if not isinstance(frame, list):
+        await stream.send_all(frame)
+        return
+    sock = getattr(stream, "socket", None)
+    if sock is None or not hasattr(sock, "sendmsg") or len(frame) == 1:
+        await stream.send_all(frame[0] if len(frame) == 1 else b"".join(frame))
+        return
+    views = [memoryview(part) for part in frame if len(part)]
+    first = 0
+    while first < len(views):
+        sent = await sock.sendmsg(views[first:first + _IOV_MAX])
+        while sent and first < len(views):
+            size = len(views[first])
+            if sent >= size:
+                sent -= size
+                first += 1
+            else:
+                views[first] = views[first][sent:]
+                sent = 0
 
 
 def _with_throttle(body: Any, seconds: float) -> Any:

@@ -298,7 +298,8 @@ def _response(node, version: int, reads: list[_Read], session_id: int):
             aborted_transactions=tuple(aborted_schema(producer_id=pid, first_offset=first)
                                        for pid, first in read.aborted),
             preferred_read_replica=-1,
-            records=b"".join(read.records) if read.records else b"", **extra))
+            # the stored buffers themselves: the frame is sent around them, not joined
+            records=tuple(read.records) if read.records else b"", **extra))
     topic_schema = nested(schema, "FetchableTopicResponse")
     return build(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                  session_id=session_id,
