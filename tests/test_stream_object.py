@@ -157,3 +157,32 @@ def test_a_gap_or_a_torn_batch_is_refused():
         decode_footer(obj[data_length + 1:], data_length)
     with pytest.raises(StreamObjectError):
         decode_footer(obj[data_length:], data_length - 1)
+
+
+async def test_a_read_stops_at_its_blocks_end_and_is_no_copy_within_it():
+    """A Fetch's read of a stream object is a view of one cached block (sent as it is by the
+    Fetch encoder), or the one batch that crosses into the next block."""
+    block_size = 4096
+    batches = make_batches(120, seed=5)
+    writer, obj = build(batches)
+    data_length = len(b"".join(batches))
+    reader = reader_of(obj, data_length, block_size)
+    starts, position = {}, 0
+    for batch in batches:
+        (header, _), = list(iter_batches(batch))
+        starts[header.base_offset] = position
+        position += len(batch)
+    offset, crossing = 100, 0
+    while offset <= writer.last_offset:
+        base, last, got = await reader.read(offset, 10 << 20)
+        start = starts[base]
+        block_end = (start // block_size + 1) * block_size
+        if start + len(got) > block_end:
+            assert len(list(iter_batches(got))) == 1, "only a crossing batch goes past"
+            crossing += 1
+        else:
+            block_start = start // block_size * block_size
+            assert len(got.obj) == min(block_size, data_length - block_start), \
+                "a view of the cached block, not a copy"
+        offset = last + 1
+    assert crossing > 0

@@ -512,11 +512,15 @@ class ReadCaches:
                     while len(self._stream_rows) > FOOTER_CACHE_ENTRIES:
                         self._stream_rows.popitem(last=False)
                     reader = await self.stream_reader(row)
-                    base, last, data = await reader.read(max(offset, row.base_offset),
-                                                         max_bytes - size)
+                    at = max(offset, row.base_offset)
+                    while True:  # a read ends at a block's end: one chunk per block
+                        base, last, data = await reader.read(at, max_bytes - size)
+                        chunks.append(Chunk(base, last, data))
+                        size += len(data)
+                        if size >= max_bytes or last >= row.last_offset or not chunks[-1].data:
+                            break
+                        at = last + 1
                     self.read_ahead(row.object_key, reader)
-                    chunks.append(Chunk(base, last, data))
-                    size += len(data)
                     if size >= max_bytes or last < row.last_offset:
                         break
                     continue

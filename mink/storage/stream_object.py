@@ -214,12 +214,14 @@ class StreamObjectReader:
             async with trio.open_nursery() as nursery:
                 for n in range(first, last + 1):
                     nursery.start_soon(block, n)
-        if first == last:
-            skip = start - first * size
-            return memoryview(blocks[0])[skip:skip + end - start]
-        joined = b"".join(blocks)
         skip = start - first * size
-        return memoryview(joined)[skip:skip + end - start]
+        if first == last:
+            return memoryview(blocks[0])[skip:skip + end - start]
+        # across blocks: a copy of the bytes asked for only, not of the whole blocks
+        views = [memoryview(b) for b in blocks]
+        views[0] = views[0][skip:]
+        views[-1] = views[-1][:end - last * size]
+        return memoryview(b"".join(views))
 
     async def _header(self, position: int) -> BatchHeader:
         return parse_batch_header(await self._bytes(position, position + RECORD_BATCH_OVERHEAD))
@@ -229,8 +231,9 @@ class StreamObjectReader:
         return self.footer.index[max(i, 0)].position
 
     async def read(self, offset: int, max_bytes: int) -> tuple[int, int, memoryview]:
-        """Whole batches from the one holding `offset`, about `max_bytes` of them (the
-        first always whole, KIP-74): (base offset, last offset, bytes)."""
+        """Whole batches from the one holding `offset`, at most `max_bytes` of them (the
+        first always whole, KIP-74) and no further than the end of the block the first one
+        starts in (or that batch's end): (base offset, last offset, bytes)."""
         footer = self.footer
         if not footer.base_offset <= offset <= footer.last_offset:
             raise StreamObjectError(f"offset {offset} is outside the object's "
@@ -242,7 +245,12 @@ class StreamObjectReader:
                 break
             position += header.batch_length + LOG_OVERHEAD
         first_size = header.batch_length + LOG_OVERHEAD
-        data = await self._bytes(position, position + max(max_bytes, first_size))
+        # Up to the end of the block the batch starts in (a view of the cached block, no
+        # copy), or to the batch's own end if it crosses into the next: the caller reads on
+        # from `last + 1` for more.
+        block_end = (position // self.block_size + 1) * self.block_size
+        end_at = max(min(position + max_bytes, block_end), position + first_size)
+        data = await self._bytes(position, end_at)
         end = 0
         last = header.last_offset
         while end + 27 <= len(data):
