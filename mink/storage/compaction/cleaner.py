@@ -1,0 +1,226 @@
+"""Kafka's LogCleaner for one partition's batches, as pure functions (no I/O, no clock: `now_ms`
+comes in). The pass that runs them under the topic's writer lease is
+`mink/storage/compaction/store.py`; the broker loop that schedules it is
+`mink/broker/cluster/compaction.py`.
+
+A pass has Kafka's two steps:
+
+1. `build_offset_map`: over the dirty section (from the partition's cleaned-to offset up to
+   the cleanable end), key -> offset of its latest record.
+2. `clean_batch`, for every batch from the log start up to the cleanable end: a record is
+   kept if no later record of its key is in the map; a batch whose records all stay is kept
+   byte for byte; one that loses some is rebuilt with the records kept, at their offsets
+   (gaps inside and between batches, as Kafka), the same base offset, last offset delta,
+   producer id, epoch and base sequence, recompressed with its own codec, and checked by the
+   record walk of the LogValidator before it is used; a batch that loses all goes.
+
+Tombstones (a key with a null value) follow KIP-534: the first pass that keeps one sets the
+batch's delete horizon (attribute bit 6; the base timestamp holds now + delete.retention.ms,
+the records' timestamp deltas are rewritten against it so their timestamps stay); a later
+pass after the horizon drops them.
+
+Left as they are (never rebuilt, and their records never supersede others): control batches
+(transaction markers) and transactional batches. A record of an aborted transaction
+therefore never hides a committed value, and the pass needs no last stable offset; the price
+is that transactional data is not compacted (docs/compaction.md).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from mink.protocol import compression as codecs
+from mink.protocol import record_walk
+from mink.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    DELETE_HORIZON_FLAG_MASK,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_APPEND_TIME,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    Record,
+    build_batch,
+    decompressed_records,
+    is_crc_valid,
+    iter_batches,
+    iter_records,
+    parse_batch_header,
+    write_crc,
+)
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+class CleanerError(Exception):
+    """A batch could not be cleaned (it does not decode, or its rebuild failed the check)."""
+
+
+class OffsetMap:
+    """Key -> offset of its latest record in the dirty section. A dict of bytes here: the
+    pass's map lives for one pass only (the KV tablet, not built yet, is the compact one)."""
+
+    __slots__ = ("latest",)
+
+    def __init__(self) -> None:
+        self.latest: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.latest)
+
+    def superseded(self, key: bytes, offset: int) -> bool:
+        latest = self.latest.get(key)
+        return latest is not None and latest > offset
+
+
+def _supersedes(header: BatchHeader) -> bool:
+    """Whether the records of this batch may supersede earlier ones: not markers, not
+    transactional (an aborted transaction's record must never hide a committed value)."""
+    return not header.is_control and not header.is_transactional
+
+
+def build_offset_map(batches: Iterable[bytes | memoryview], start: int, end: int,
+                     into: OffsetMap | None = None) -> OffsetMap:
+    """The latest offset of every key among the records with start <= offset < end."""
+    offset_map = into if into is not None else OffsetMap()
+    latest = offset_map.latest
+    for batch in batches:
+        header = parse_batch_header(batch)
+        if header.last_offset < start or header.base_offset >= end or not _supersedes(header):
+            continue
+        base = header.base_offset
+        for record in iter_records(batch):
+            offset = base + record.offset_delta
+            if start <= offset < end and record.key is not None:
+                latest[bytes(record.key)] = offset
+    return offset_map
+
+
+class Cleaned(NamedTuple):
+    batch: bytes | memoryview | None  # the batch to keep (as it was, or rebuilt); None: gone
+    records_in: int
+    records_out: int
+    tombstones_dropped: int
+    rebuilt: bool
+
+
+def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int,
+                delete_retention_ms: int, end: int, keep_whole: bool = False) -> Cleaned:
+    """One batch of the cleaned range (its base offset below `end`, the cleanable end).
+    `keep_whole`: the range's last batch, never dropped (the range keeps its end, as Kafka
+    never cleans away a log's last batch)."""
+    header = parse_batch_header(batch)
+    count = header.records_count
+    if not _supersedes(header) or header.last_offset >= end:
+        return Cleaned(batch, count, count, 0, False)
+    horizon_passed = header.has_delete_horizon_ms and header.base_timestamp <= now_ms
+    kept: list[tuple[int, int, Record]] = []  # (offset, timestamp, record)
+    tombstones_dropped = 0
+    base = header.base_offset
+    for record in iter_records(batch):
+        offset = base + record.offset_delta
+        if record.key is not None and offset_map.superseded(bytes(record.key), offset):
+            continue
+        if record.value is None and horizon_passed and not keep_whole:
+            tombstones_dropped += 1
+            continue
+        kept.append((offset, header.base_timestamp + record.timestamp_delta, record))
+    has_tombstones = any(r.value is None for _, _, r in kept)
+    needs_horizon = has_tombstones and not header.has_delete_horizon_ms
+    if len(kept) == count and not needs_horizon:
+        return Cleaned(batch, count, count, 0, False)
+    if not kept and not keep_whole:
+        return Cleaned(None, count, 0, tombstones_dropped, False)
+    if not kept:  # the last batch: kept whole, tombstones and all, until more data follows
+        return Cleaned(batch, count, count, 0, False)
+    horizon = None
+    if has_tombstones:
+        horizon = (header.base_timestamp if header.has_delete_horizon_ms
+                   else now_ms + delete_retention_ms)
+    rebuilt = rebuild_batch(header, kept, horizon)
+    return Cleaned(rebuilt, count, len(kept), tombstones_dropped, True)
+
+
+def rebuild_batch(header: BatchHeader, kept: list[tuple[int, int, Record]],
+                  delete_horizon_ms: int | None) -> bytes:
+    """The batch of `header` with only the records `kept` ((offset, timestamp, record) in
+    offset order), at their offsets, in the batch's own codec; with a delete horizon, the
+    base timestamp is the horizon (KIP-534) and the deltas are taken against it."""
+    base_timestamp = header.base_timestamp if delete_horizon_ms is None else delete_horizon_ms
+    records = [r._replace(offset_delta=offset - header.base_offset,
+                          timestamp_delta=timestamp - base_timestamp)
+               for offset, timestamp, r in kept]
+    if header.timestamp_type == LOG_APPEND_TIME:
+        max_timestamp = header.max_timestamp
+    else:
+        max_timestamp = max(timestamp for _, timestamp, _ in kept)
+    out = bytearray(build_batch(
+        records, base_offset=header.base_offset, compression=header.compression,
+        producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence, timestamp_type=header.timestamp_type,
+        base_timestamp=base_timestamp, max_timestamp=max_timestamp,
+        partition_leader_epoch=header.partition_leader_epoch))
+    # The batch keeps the offsets it covered: its last offset delta, so the producer's
+    # last sequence and the next batch's offset stay what they were.
+    _INT32.pack_into(out, LAST_OFFSET_DELTA_OFFSET, header.last_offset - header.base_offset)
+    if delete_horizon_ms is not None:
+        (attributes,) = _INT16.unpack_from(out, ATTRIBUTES_OFFSET)
+        _INT16.pack_into(out, ATTRIBUTES_OFFSET, attributes | DELETE_HORIZON_FLAG_MASK)
+    write_crc(out)
+    check_rebuilt(bytes(out))
+    return bytes(out)
+
+
+def check_rebuilt(batch: bytes) -> None:
+    """The LogValidator's checks a rebuilt batch must pass: CRC, the codec decompresses it,
+    the record walk finds its framing and count whole and every record keyed; offset deltas
+    only increasing and within the batch (they have gaps: the walk's consecutive-delta rule
+    is for client batches)."""
+    header = parse_batch_header(batch)
+    if not is_crc_valid(batch) or header.size != len(batch):
+        raise CleanerError(f"rebuilt batch at {header.base_offset} fails its CRC or length")
+    section = (batch[RECORD_BATCH_OVERHEAD:] if header.compression == codecs.NONE
+               else decompressed_records(batch))
+    error, _, found = record_walk.walk_records(section, header.records_count,
+                                               header.base_timestamp, 0, 0, False, True)
+    if error is not None or any(kind != record_walk.OFFSET_DELTA for _, kind, _ in found):
+        raise CleanerError(f"rebuilt batch at {header.base_offset}: {error or found[:3]}")
+    deltas = [r.offset_delta for r in iter_records(batch)]
+    last_delta = header.last_offset - header.base_offset
+    if any(b <= a for a, b in zip(deltas, deltas[1:])) or deltas[0] < 0 \
+            or deltas[-1] > last_delta:
+        raise CleanerError(f"rebuilt batch at {header.base_offset}: offset deltas {deltas[:5]}")
+
+
+class PassResult(NamedTuple):
+    batches: list[bytes | memoryview]
+    records_in: int
+    records_out: int
+    tombstones_dropped: int
+    batches_rebuilt: int
+
+
+def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap, *, now_ms: int,
+                  delete_retention_ms: int, end: int) -> PassResult:
+    """Every batch of `data` (whole batches, offset order, all below `end`) cleaned; the
+    last batch is never dropped."""
+    batches = [b for chunk in data for _, b in iter_batches(chunk)]
+    out: list[bytes | memoryview] = []
+    records_in = records_out = dropped = rebuilt = 0
+    for i, batch in enumerate(batches):
+        cleaned = clean_batch(batch, offset_map, now_ms=now_ms,
+                              delete_retention_ms=delete_retention_ms, end=end,
+                              keep_whole=i == len(batches) - 1)
+        records_in += cleaned.records_in
+        records_out += cleaned.records_out
+        dropped += cleaned.tombstones_dropped
+        rebuilt += cleaned.rebuilt
+        if cleaned.batch is not None:
+            out.append(cleaned.batch)
+    return PassResult(out, records_in, records_out, dropped, rebuilt)
+
+
+__all__ = ["Cleaned", "CleanerError", "OffsetMap", "PassResult", "build_offset_map",
+           "check_rebuilt", "clean_batch", "clean_batches", "rebuild_batch"]

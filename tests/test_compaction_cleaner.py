@@ -1,0 +1,128 @@
+"""The LogCleaner's pure part (mink/storage/compaction/cleaner.py): latest record per key
+kept at its offset, batches rebuilt in their own codec and readable by the clients'
+readers, KIP-534 tombstone horizon, markers and transactional batches left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from mink.protocol import compression as codecs
+from mink.protocol.records import (
+    Record,
+    build_batch,
+    iter_records,
+    parse_batch_header,
+)
+from mink.storage.compaction.cleaner import (
+    build_offset_map,
+    clean_batch,
+    clean_batches,
+)
+from tests.support import readers
+
+NOW = 1_700_000_000_000
+DAY = 86_400_000
+
+
+def batch(base: int, items: list[tuple[bytes | None, bytes | None]], *, codec=codecs.NONE,
+          ts: int = NOW - 10_000, **kw) -> bytes:
+    return build_batch([Record(i, i, k, v) for i, (k, v) in enumerate(items)],
+                       base_offset=base, compression=codec, base_timestamp=ts, **kw)
+
+
+def contents(batches) -> list[tuple[int, bytes | None, bytes | None]]:
+    out = []
+    for b in batches:
+        header = parse_batch_header(b)
+        out += [(header.base_offset + r.offset_delta, r.key, r.value) for r in iter_records(b)]
+    return out
+
+
+@pytest.mark.parametrize("codec", [codecs.NONE, codecs.GZIP, codecs.SNAPPY, codecs.LZ4,
+                                   codecs.ZSTD])
+def test_latest_per_key_kept_at_its_offset_in_the_batch_codec(codec):
+    log = [batch(0, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2")], codec=codec),
+           batch(3, [(b"c", b"1"), (b"b", b"2")], codec=codec),
+           batch(5, [(b"d", b"1")], codec=codec)]
+    offset_map = build_offset_map(log, 0, 6)
+    result = clean_batches(log, offset_map, now_ms=NOW, delete_retention_ms=DAY, end=6)
+    assert contents(result.batches) == [(2, b"a", b"2"), (3, b"c", b"1"), (4, b"b", b"2"),
+                                        (5, b"d", b"1")]
+    assert (result.records_in, result.records_out) == (6, 4)
+    first = parse_batch_header(result.batches[0])
+    # same range, same codec, the clients read it
+    assert (first.base_offset, first.last_offset, first.compression) == (0, 2, codec)
+    assert first.records_count == 1
+    for b in result.batches:
+        header = parse_batch_header(b)
+        as_kafka = [(header.base_offset + r.offset_delta, r.key, r.value, list(r.headers))
+                    for r in iter_records(b)]
+        assert readers.kafka_python_records(bytes(b)) == as_kafka
+        assert readers.aiokafka_records(bytes(b)) == as_kafka
+    assert bytes(result.batches[2]) == log[2]  # untouched batches are kept byte for byte
+
+
+def test_record_timestamps_and_producer_fields_survive_a_rebuild():
+    original = batch(10, [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], producer_id=7,
+                     producer_epoch=1, base_sequence=30, partition_leader_epoch=4)
+    later = batch(13, [(b"b", b"2")])
+    offset_map = build_offset_map([original, later], 10, 14)
+    cleaned = clean_batch(original, offset_map, now_ms=NOW, delete_retention_ms=DAY, end=14)
+    header = parse_batch_header(cleaned.batch)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence,
+            header.partition_leader_epoch, header.last_offset) == (7, 1, 30, 4, 12)
+    assert [(header.base_offset + r.offset_delta, header.base_timestamp + r.timestamp_delta)
+            for r in iter_records(cleaned.batch)] == [(10, NOW - 10_000), (12, NOW - 9_998)]
+
+
+def test_a_batch_losing_every_record_goes_but_the_last_batch_stays():
+    log = [batch(0, [(b"a", b"1")]), batch(1, [(b"a", b"2")])]
+    result = clean_batches(log, build_offset_map(log, 0, 2), now_ms=NOW,
+                           delete_retention_ms=DAY, end=2)
+    assert contents(result.batches) == [(1, b"a", b"2")]
+
+
+def test_tombstones_get_a_horizon_then_go_after_it():
+    log = [batch(0, [(b"a", b"1"), (b"b", b"1")]), batch(2, [(b"a", None)]),
+           batch(3, [(b"c", b"1")])]
+    first = clean_batches(log, build_offset_map(log, 0, 4), now_ms=NOW,
+                          delete_retention_ms=1000, end=4)
+    assert contents(first.batches) == [(1, b"b", b"1"), (2, b"a", None), (3, b"c", b"1")]
+    tombstone = parse_batch_header(first.batches[1])
+    assert tombstone.has_delete_horizon_ms and tombstone.base_timestamp == NOW + 1000
+    # the record's own timestamp is unchanged (its delta is taken against the horizon)
+    (record,) = iter_records(first.batches[1])
+    assert tombstone.base_timestamp + record.timestamp_delta == NOW - 10_000
+    # a second pass before the horizon keeps it, unchanged
+    again = clean_batches(first.batches, build_offset_map(first.batches, 4, 4), now_ms=NOW + 999,
+                          delete_retention_ms=1000, end=4)
+    assert contents(again.batches) == contents(first.batches)
+    assert bytes(again.batches[1]) == bytes(first.batches[1])
+    # after the horizon it goes
+    late = clean_batches(first.batches, build_offset_map(first.batches, 4, 4),
+                         now_ms=NOW + 1000, delete_retention_ms=1000, end=4)
+    assert contents(late.batches) == [(1, b"b", b"1"), (3, b"c", b"1")]
+    assert late.tombstones_dropped == 1
+
+
+def test_markers_and_transactional_batches_are_left_alone():
+    txn = batch(0, [(b"a", b"t1")], producer_id=3, producer_epoch=0, base_sequence=0,
+                is_transactional=True)
+    marker = build_batch([Record(0, 0, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x00")],
+                         base_offset=1, producer_id=3, producer_epoch=0,
+                         is_transactional=True, is_control=True, base_timestamp=NOW)
+    plain = batch(2, [(b"a", b"p1")])
+    log = [txn, marker, plain, batch(3, [(b"z", b"1")])]
+    offset_map = build_offset_map(log, 0, 4)
+    # transactional records never supersede: an aborted one must not hide a committed one
+    assert offset_map.latest == {b"a": 2, b"z": 3}
+    result = clean_batches(log, offset_map, now_ms=NOW, delete_retention_ms=DAY, end=4)
+    assert bytes(result.batches[0]) == txn and bytes(result.batches[1]) == marker
+    assert contents(result.batches[2:]) == [(2, b"a", b"p1"), (3, b"z", b"1")]
+
+
+def test_batches_at_or_above_the_cleanable_end_are_never_rewritten():
+    log = [batch(0, [(b"a", b"1"), (b"a", b"2")])]
+    offset_map = build_offset_map(log, 0, 1)  # the cleanable end cuts the batch
+    cleaned = clean_batch(log[0], offset_map, now_ms=NOW, delete_retention_ms=DAY, end=1)
+    assert cleaned.batch is log[0] and not cleaned.rebuilt
