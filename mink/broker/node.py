@@ -19,6 +19,7 @@ from mink.broker.admin.http import serve_admin
 from mink.broker.admin.metrics import node_metrics
 from mink.broker.cluster.coordinator import ClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
+from mink.broker.cluster.compaction import LogCleaner
 from mink.broker.cluster.lifecycle import LifecycleLoops
 from mink.broker.cluster.membership import Membership
 from mink.broker.cluster.sync import PartitionSync
@@ -64,6 +65,7 @@ class Node:
         self.leases = BackgroundLeases(self, config.max_partitions)
         self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
         self.tiering = TieringWorker(self)  # WAL objects into stream objects (coordinator)
+        self.cleaner = LogCleaner(self)  # compaction of compacted topics (writer leases)
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         self.transactions = TransactionCoordinator(self)  # transactional ids
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
@@ -149,6 +151,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             nursery.start_soon(node.leases.run)
             nursery.start_soon(node.lifecycle.run)
             nursery.start_soon(node.tiering.run)
+            nursery.start_soon(node.cleaner.run)
             await nursery.start(node.groups.run)
             nursery.start_soon(node.transactions.run)
             nursery.start_soon(node.markers.run)

@@ -104,13 +104,15 @@ class Cleaned(NamedTuple):
     records_out: int
     tombstones_dropped: int
     rebuilt: bool
+    horizon: int | None = None  # the delete horizon of the tombstones it keeps, if any
 
 
 def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int,
                 delete_retention_ms: int, end: int, keep_whole: bool = False) -> Cleaned:
     """One batch of the cleaned range (its base offset below `end`, the cleanable end).
-    `keep_whole`: the range's last batch, never dropped (the range keeps its end, as Kafka
-    never cleans away a log's last batch)."""
+    `keep_whole`: the range's last batch, never dropped: when nothing of it stays it is kept
+    as it was, so the range keeps its last offset (a rebuilt batch keeps its last offset
+    delta anyway)."""
     header = parse_batch_header(batch)
     count = header.records_count
     if not _supersedes(header) or header.last_offset >= end:
@@ -123,14 +125,15 @@ def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int
         offset = base + record.offset_delta
         if record.key is not None and offset_map.superseded(bytes(record.key), offset):
             continue
-        if record.value is None and horizon_passed and not keep_whole:
+        if record.value is None and horizon_passed:
             tombstones_dropped += 1
             continue
         kept.append((offset, header.base_timestamp + record.timestamp_delta, record))
     has_tombstones = any(r.value is None for _, _, r in kept)
     needs_horizon = has_tombstones and not header.has_delete_horizon_ms
     if len(kept) == count and not needs_horizon:
-        return Cleaned(batch, count, count, 0, False)
+        return Cleaned(batch, count, count, 0, False,
+                       header.base_timestamp if has_tombstones else None)
     if not kept and not keep_whole:
         return Cleaned(None, count, 0, tombstones_dropped, False)
     if not kept:  # the last batch: kept whole, tombstones and all, until more data follows
@@ -140,7 +143,7 @@ def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int
         horizon = (header.base_timestamp if header.has_delete_horizon_ms
                    else now_ms + delete_retention_ms)
     rebuilt = rebuild_batch(header, kept, horizon)
-    return Cleaned(rebuilt, count, len(kept), tombstones_dropped, True)
+    return Cleaned(rebuilt, count, len(kept), tombstones_dropped, True, horizon)
 
 
 def rebuild_batch(header: BatchHeader, kept: list[tuple[int, int, Record]],
@@ -200,6 +203,9 @@ class PassResult(NamedTuple):
     records_out: int
     tombstones_dropped: int
     batches_rebuilt: int
+    # The earliest delete horizon still ahead (after now_ms) among the tombstones kept: the
+    # pass due then drops them, dirty or not. None: no tombstone waits for its horizon.
+    next_horizon: int | None = None
 
 
 def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap, *, now_ms: int,
@@ -209,6 +215,7 @@ def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap, *, now_
     batches = [b for chunk in data for _, b in iter_batches(chunk)]
     out: list[bytes | memoryview] = []
     records_in = records_out = dropped = rebuilt = 0
+    horizons: list[int] = []
     for i, batch in enumerate(batches):
         cleaned = clean_batch(batch, offset_map, now_ms=now_ms,
                               delete_retention_ms=delete_retention_ms, end=end,
@@ -219,7 +226,10 @@ def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap, *, now_
         rebuilt += cleaned.rebuilt
         if cleaned.batch is not None:
             out.append(cleaned.batch)
-    return PassResult(out, records_in, records_out, dropped, rebuilt)
+        if cleaned.horizon is not None and cleaned.horizon > now_ms:
+            horizons.append(cleaned.horizon)
+    return PassResult(out, records_in, records_out, dropped, rebuilt,
+                      min(horizons) if horizons else None)
 
 
 __all__ = ["Cleaned", "CleanerError", "OffsetMap", "PassResult", "build_offset_map",
