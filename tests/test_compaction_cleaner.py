@@ -105,20 +105,55 @@ def test_tombstones_get_a_horizon_then_go_after_it():
     assert late.tombstones_dropped == 1
 
 
-def test_markers_and_transactional_batches_are_left_alone():
-    txn = batch(0, [(b"a", b"t1")], producer_id=3, producer_epoch=0, base_sequence=0,
-                is_transactional=True)
-    marker = build_batch([Record(0, 0, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x00")],
-                         base_offset=1, producer_id=3, producer_epoch=0,
-                         is_transactional=True, is_control=True, base_timestamp=NOW)
-    plain = batch(2, [(b"a", b"p1")])
-    log = [txn, marker, plain, batch(3, [(b"z", b"1")])]
-    offset_map = build_offset_map(log, 0, 4)
-    # transactional records never supersede: an aborted one must not hide a committed one
-    assert offset_map.latest == {b"a": 2, b"z": 3}
-    result = clean_batches(log, offset_map, now_ms=NOW, delete_retention_ms=DAY, end=4)
-    assert bytes(result.batches[0]) == txn and bytes(result.batches[1]) == marker
-    assert contents(result.batches[2:]) == [(2, b"a", b"p1"), (3, b"z", b"1")]
+def txn_batch(base: int, items, producer_id: int = 3) -> bytes:
+    return batch(base, items, producer_id=producer_id, producer_epoch=0, base_sequence=0,
+                 is_transactional=True)
+
+
+def marker(base: int, commit: bool, producer_id: int = 3) -> bytes:
+    return build_batch([Record(0, 0, b"\x00\x00\x00" + (b"\x01" if commit else b"\x00"),
+                               b"\x00\x00\x00\x00\x00\x00")],
+                       base_offset=base, producer_id=producer_id, producer_epoch=0,
+                       is_transactional=True, is_control=True, base_timestamp=NOW - 10_000)
+
+
+def test_aborted_records_go_and_never_hide_a_committed_value():
+    log = [batch(0, [(b"a", b"committed")]), txn_batch(1, [(b"a", b"aborted")]),
+           marker(2, commit=False), batch(3, [(b"z", b"1")])]
+    result = clean_batches(log, now_ms=NOW, delete_retention_ms=1000, end=4, dirty_from=0)
+    # the abort marker outlives its data by delete.retention.ms: it gets a horizon now
+    assert contents(result.batches) == [(0, b"a", b"committed"), (2, b"\x00\x00\x00\x00",
+                                        b"\x00\x00\x00\x00\x00\x00"), (3, b"z", b"1")]
+    kept_marker = parse_batch_header(result.batches[1])
+    assert kept_marker.is_control and kept_marker.has_delete_horizon_ms
+    assert result.next_horizon == NOW + 1000
+    late = clean_batches(result.batches, now_ms=NOW + 1000, delete_retention_ms=1000, end=4,
+                         dirty_from=4)
+    assert contents(late.batches) == [(0, b"a", b"committed"), (3, b"z", b"1")]
+
+
+def test_committed_records_are_compacted_and_their_marker_stays_while_they_do():
+    log = [txn_batch(0, [(b"a", b"t1"), (b"b", b"t1")]), marker(2, commit=True),
+           batch(3, [(b"a", b"p1")])]
+    result = clean_batches(log, now_ms=NOW, delete_retention_ms=1000, end=4, dirty_from=0)
+    assert contents(result.batches)[0] == (1, b"b", b"t1")  # a's committed value superseded
+    assert bytes(result.batches[1]) == log[1]  # its transaction still has data: unchanged
+    assert parse_batch_header(result.batches[0]).is_transactional
+    # a later plain b supersedes the rest: the marker then gets its horizon
+    log2 = [*result.batches, batch(4, [(b"b", b"p2")]), batch(5, [(b"z", b"1")])]
+    again = clean_batches(log2, now_ms=NOW, delete_retention_ms=1000, end=6, dirty_from=4)
+    assert [o for o, _, _ in contents(again.batches)] == [2, 3, 4, 5]
+    assert parse_batch_header(again.batches[0]).has_delete_horizon_ms
+
+
+def test_an_open_transaction_stops_the_cleanable_end():
+    log = [batch(0, [(b"a", b"1")]), txn_batch(1, [(b"a", b"open")]),
+           batch(2, [(b"a", b"2")]), batch(3, [(b"z", b"1")])]
+    result = clean_batches(log, now_ms=NOW, delete_retention_ms=DAY, end=4, dirty_from=0)
+    assert result.end == 1  # the last stable offset
+    # nothing from the open transaction on is touched, and nothing below is superseded by
+    # what lies above it
+    assert [bytes(b) for b in result.batches] == log
 
 
 def test_batches_at_or_above_the_cleanable_end_are_never_rewritten():

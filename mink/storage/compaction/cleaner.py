@@ -19,10 +19,13 @@ batch's delete horizon (attribute bit 6; the base timestamp holds now + delete.r
 the records' timestamp deltas are rewritten against it so their timestamps stay); a later
 pass after the horizon drops them.
 
-Left as they are (never rebuilt, and their records never supersede others): control batches
-(transaction markers) and transactional batches. A record of an aborted transaction
-therefore never hides a committed value, and the pass needs no last stable offset; the price
-is that transactional data is not compacted (docs/compaction.md).
+Transactions, as Kafka's cleaner: a transactional batch is decided by its producer's next
+marker (control batch) in the log. Committed data is cleaned like any other; aborted data
+goes; undecided data (no marker yet: an open transaction) is left as it is, never
+supersedes, and the cleanable end stops at its first offset (the last stable offset), so
+nothing above an open transaction is cleaned. A marker stays while data of its transaction
+does; once none is left it gets a delete horizon like a tombstone and goes after it
+(delete.retention.ms after its data went).
 """
 
 from __future__ import annotations
@@ -75,20 +78,58 @@ class OffsetMap:
         return latest is not None and latest > offset
 
 
-def _supersedes(header: BatchHeader) -> bool:
-    """Whether the records of this batch may supersede earlier ones: not markers, not
-    transactional (an aborted transaction's record must never hide a committed value)."""
-    return not header.is_control and not header.is_transactional
+# What becomes of a batch in a pass.
+CLEAN = "clean"    # its records kept if not superseded (plain data, committed transactions)
+KEEP = "keep"      # as it is (undecided transactional data, anything from the cleanable end)
+DROP = "drop"      # gone (aborted transactional data)
+MARKER = "marker"  # a transaction marker (control batch)
+
+_CONTROL_KEY = struct.Struct(">hh")  # version, type (0: abort, 1: commit)
+
+
+def marker_commits(batch: bytes | memoryview) -> bool:
+    """Whether a control batch is a commit marker (False: an abort)."""
+    for record in iter_records(batch):
+        if record.key is not None and len(record.key) >= _CONTROL_KEY.size:
+            return _CONTROL_KEY.unpack_from(record.key)[1] == 1
+    return False
+
+
+def decide(batches: list[bytes | memoryview], end: int) -> tuple[list[str], int]:
+    """What each batch is (CLEAN, KEEP, DROP, MARKER) and the cleanable end: `end`, or the
+    first offset of a transaction still undecided (the last stable offset) if lower."""
+    modes: list[str] = []
+    open_txn: dict[int, list[int]] = {}  # producer id -> indexes of its undecided batches
+    for i, batch in enumerate(batches):
+        header = parse_batch_header(batch)
+        if header.is_control:
+            modes.append(MARKER)
+            mode = CLEAN if marker_commits(batch) else DROP
+            for j in open_txn.pop(header.producer_id, ()):
+                modes[j] = mode
+        elif header.is_transactional:
+            modes.append(KEEP)
+            open_txn.setdefault(header.producer_id, []).append(i)
+        else:
+            modes.append(CLEAN)
+    lso = min((parse_batch_header(batches[j]).base_offset
+               for indexes in open_txn.values() for j in indexes), default=end)
+    return modes, min(end, lso)
 
 
 def build_offset_map(batches: Iterable[bytes | memoryview], start: int, end: int,
-                     into: OffsetMap | None = None) -> OffsetMap:
-    """The latest offset of every key among the records with start <= offset < end."""
+                     into: OffsetMap | None = None,
+                     modes: list[str] | None = None) -> OffsetMap:
+    """The latest offset of every key among the records with start <= offset < end, of the
+    batches whose mode is CLEAN (without `modes`: the plain, non-transactional ones)."""
     offset_map = into if into is not None else OffsetMap()
     latest = offset_map.latest
-    for batch in batches:
+    for i, batch in enumerate(batches):
         header = parse_batch_header(batch)
-        if header.last_offset < start or header.base_offset >= end or not _supersedes(header):
+        if header.last_offset < start or header.base_offset >= end:
+            continue
+        if (modes[i] != CLEAN if modes is not None
+                else header.is_control or header.is_transactional):
             continue
         base = header.base_offset
         for record in iter_records(batch):
@@ -108,14 +149,19 @@ class Cleaned(NamedTuple):
 
 
 def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int,
-                delete_retention_ms: int, end: int, keep_whole: bool = False) -> Cleaned:
+                delete_retention_ms: int, end: int, keep_whole: bool = False,
+                mode: str | None = None) -> Cleaned:
     """One batch of the cleaned range (its base offset below `end`, the cleanable end).
     `keep_whole`: the range's last batch, never dropped: when nothing of it stays it is kept
     as it was, so the range keeps its last offset (a rebuilt batch keeps its last offset
     delta anyway)."""
     header = parse_batch_header(batch)
     count = header.records_count
-    if not _supersedes(header) or header.last_offset >= end:
+    if mode is None:  # alone: plain data is cleaned, anything transactional kept
+        mode = KEEP if header.is_control or header.is_transactional else CLEAN
+    if mode == DROP and not keep_whole:
+        return Cleaned(None, count, 0, 0, False)
+    if mode != CLEAN or header.last_offset >= end:
         return Cleaned(batch, count, count, 0, False)
     horizon_passed = header.has_delete_horizon_ms and header.base_timestamp <= now_ms
     kept: list[tuple[int, int, Record]] = []  # (offset, timestamp, record)
@@ -164,7 +210,8 @@ def rebuild_batch(header: BatchHeader, kept: list[tuple[int, int, Record]],
         producer_id=header.producer_id, producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence, timestamp_type=header.timestamp_type,
         base_timestamp=base_timestamp, max_timestamp=max_timestamp,
-        partition_leader_epoch=header.partition_leader_epoch))
+        partition_leader_epoch=header.partition_leader_epoch,
+        is_transactional=header.is_transactional, is_control=header.is_control))
     # The batch keeps the offsets it covered: its last offset delta, so the producer's
     # last sequence and the next batch's offset stay what they were.
     _INT32.pack_into(out, LAST_OFFSET_DELTA_OFFSET, header.last_offset - header.base_offset)
@@ -206,31 +253,73 @@ class PassResult(NamedTuple):
     # The earliest delete horizon still ahead (after now_ms) among the tombstones kept: the
     # pass due then drops them, dirty or not. None: no tombstone waits for its horizon.
     next_horizon: int | None = None
+    end: int | None = None  # the cleanable end the pass used (lowered to the LSO)
 
 
-def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap, *, now_ms: int,
-                  delete_retention_ms: int, end: int) -> PassResult:
-    """Every batch of `data` (whole batches, offset order, all below `end`) cleaned; the
-    last batch is never dropped."""
+def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap | None = None, *,
+                  now_ms: int, delete_retention_ms: int, end: int,
+                  dirty_from: int | None = None) -> PassResult:
+    """Every batch of `data` (whole batches, offset order) cleaned; the last batch is never
+    dropped. Without `offset_map`, it is built here from `dirty_from` (transactions
+    decided first, the cleanable end lowered to the last stable offset: `decide`)."""
     batches = [b for chunk in data for _, b in iter_batches(chunk)]
-    out: list[bytes | memoryview] = []
+    modes, end = decide(batches, end)
+    if offset_map is None:
+        offset_map = build_offset_map(batches, end if dirty_from is None else
+                                      min(dirty_from, end), end, modes=modes)
+    out: list[bytes | memoryview | None] = []
     records_in = records_out = dropped = rebuilt = 0
     horizons: list[int] = []
+    # per producer: indexes in `out` of the data of its transaction since its last marker
+    txn_data: dict[int, list[int]] = {}
+    last = len(batches) - 1
     for i, batch in enumerate(batches):
-        cleaned = clean_batch(batch, offset_map, now_ms=now_ms,
-                              delete_retention_ms=delete_retention_ms, end=end,
-                              keep_whole=i == len(batches) - 1)
+        if modes[i] == MARKER:
+            header = parse_batch_header(batch)
+            alive = [j for j in txn_data.pop(header.producer_id, ()) if out[j] is not None]
+            kept = _clean_marker(batch, header, bool(alive), now_ms, delete_retention_ms,
+                                 end, keep_whole=i == last)
+            cleaned = Cleaned(kept, 1, 0 if kept is None else 1, 0,
+                              kept is not None and kept is not batch,
+                              _horizon_of(kept) if kept is not None and not alive else None)
+        else:
+            cleaned = clean_batch(batch, offset_map, now_ms=now_ms,
+                                  delete_retention_ms=delete_retention_ms, end=end,
+                                  keep_whole=i == last, mode=modes[i])
+            if parse_batch_header(batch).is_transactional:
+                txn_data.setdefault(parse_batch_header(batch).producer_id, []).append(len(out))
         records_in += cleaned.records_in
         records_out += cleaned.records_out
         dropped += cleaned.tombstones_dropped
         rebuilt += cleaned.rebuilt
-        if cleaned.batch is not None:
-            out.append(cleaned.batch)
+        out.append(cleaned.batch)
         if cleaned.horizon is not None and cleaned.horizon > now_ms:
             horizons.append(cleaned.horizon)
-    return PassResult(out, records_in, records_out, dropped, rebuilt,
-                      min(horizons) if horizons else None)
+    return PassResult([b for b in out if b is not None], records_in, records_out, dropped,
+                      rebuilt, min(horizons) if horizons else None, end)
 
 
-__all__ = ["Cleaned", "CleanerError", "OffsetMap", "PassResult", "build_offset_map",
-           "check_rebuilt", "clean_batch", "clean_batches", "rebuild_batch"]
+def _horizon_of(batch) -> int | None:
+    header = parse_batch_header(batch)
+    return header.base_timestamp if header.has_delete_horizon_ms else None
+
+
+def _clean_marker(batch, header: BatchHeader, has_data: bool, now_ms: int,
+                  delete_retention_ms: int, end: int, keep_whole: bool):
+    """A marker stays while data of its transaction does; then it gets a delete horizon and
+    goes after it (Kafka keeps markers delete.retention.ms after their data is gone)."""
+    if has_data or header.last_offset >= end:
+        return batch
+    if header.has_delete_horizon_ms:
+        if header.base_timestamp <= now_ms and not keep_whole:
+            return None
+        return batch
+    timestamp = header.base_timestamp
+    kept = [(header.base_offset + r.offset_delta, timestamp + r.timestamp_delta, r)
+            for r in iter_records(batch)]
+    return rebuild_batch(header, kept, now_ms + delete_retention_ms)
+
+
+__all__ = ["CLEAN", "DROP", "KEEP", "MARKER", "Cleaned", "CleanerError", "OffsetMap",
+           "PassResult", "build_offset_map", "check_rebuilt", "clean_batch", "clean_batches",
+           "decide", "marker_commits", "rebuild_batch"]

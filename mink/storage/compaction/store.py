@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import msgspec
 import trio
 
-from mink.protocol.records import iter_batches
 from mink.storage.compaction import cleaner
 from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
@@ -218,11 +217,9 @@ async def compact_partition(metadata: MetadataStore, objects, topic_id: uuid.UUI
 
 def _clean(data: list[bytes], plan: PassPlan, now_ms: int,
            settings: CompactionSettings) -> cleaner.PassResult:
-    batches = [b for chunk in data for _, b in iter_batches(chunk)]
-    offset_map = cleaner.build_offset_map(batches, plan.dirty_from, plan.end)
-    return cleaner.clean_batches(batches, offset_map, now_ms=now_ms,
+    return cleaner.clean_batches(data, now_ms=now_ms,
                                  delete_retention_ms=settings.delete_retention_ms,
-                                 end=plan.end)
+                                 end=plan.end, dirty_from=plan.dirty_from)
 
 
 async def _clean_and_swap(metadata: MetadataStore, objects, topic_id: uuid.UUID,
@@ -248,8 +245,8 @@ async def _clean_and_swap(metadata: MetadataStore, objects, topic_id: uuid.UUID,
             for r in plan.rows]
     row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, (
         writer.node_id, writer.epoch, key, topic_id, partition, plan.base_offset,
-        plan.last_offset, out.data_length, out.batch_count, out.max_timestamp, plan.end,
-        result.next_horizon, _json.encode(rows).decode()))
+        plan.last_offset, out.data_length, out.batch_count, out.max_timestamp,
+        max(result.end, plan.dirty_from), result.next_horizon, _json.encode(rows).decode()))
     assert row is not None
     if row[0] != "swapped":
         raise CompactionRefused(row[0])
