@@ -161,3 +161,78 @@ def test_batches_at_or_above_the_cleanable_end_are_never_rewritten():
     offset_map = build_offset_map(log, 0, 1)  # the cleanable end cuts the batch
     cleaned = clean_batch(log[0], offset_map, now_ms=NOW, delete_retention_ms=DAY, end=1)
     assert cleaned.batch is log[0] and not cleaned.rebuilt
+
+
+# -- a compacted stream object: its index row's offsets, with gaps ---------------------------
+
+async def test_a_compacted_object_answers_an_offset_in_a_gap_with_the_next_batch():
+    import uuid
+
+    from mink.storage.stream_object import (
+        StreamObjectError,
+        StreamObjectReader,
+        StreamObjectWriter,
+        decode_footer,
+    )
+
+    # offsets 0..9 covered; batches kept at 3-4 and 8-9 (the others compacted away)
+    kept = [batch(3, [(b"a", b"1"), (b"b", b"1")]), batch(8, [(b"c", b"1"), (b"d", b"1")])]
+    writer = StreamObjectWriter(uuid.uuid4(), 0, index_interval=1, covers=(0, 9))
+    for b in kept:
+        writer.add(b)
+    obj = b"".join(bytes(p) for p in writer.finish())
+    footer = decode_footer(obj[writer.data_length:], writer.data_length)
+    assert (footer.base_offset, footer.last_offset) == (0, 9)
+
+    async def get(start: int, end: int) -> bytes:
+        return obj[start:end]
+
+    reader = StreamObjectReader(footer, get, block_size=64)
+    for offset, first_batch in [(0, 3), (3, 3), (4, 3), (5, 8), (7, 8), (9, 8)]:
+        base, last, data = await reader.read(offset, 1 << 20)
+        assert base == min(offset, first_batch)  # the gap before the batch is covered
+        assert parse_batch_header(data).base_offset == first_batch
+        assert last == 9
+    with pytest.raises(StreamObjectError):
+        writer.add(batch(5, [(b"e", b"1")]))  # backwards
+
+
+# -- plan_pass: the rows of its table --------------------------------------------------------
+
+def rows(*spec):
+    """(base, last, key kind, max timestamp): 'w' a WAL row, 's' a stream object row."""
+    from mink.storage.compaction.store import Row
+
+    return [Row(b, l, ("wal/x" if kind == "w" else f"stream/x/{b}"), 0, (l - b + 1) * 100, ts)
+            for b, l, kind, ts in spec]
+
+
+def test_plan_pass_rows():
+    from mink.storage.compaction.store import CompactionSettings, plan_pass
+
+    old = NOW - 10_000
+    every = CompactionSettings(min_cleanable_dirty_ratio=0.5)
+    # nothing tiered: nothing to do
+    assert plan_pass(rows((0, 9, "w", old)), 0, NOW, every) is None
+    # tiered rows up to the first WAL row: cleaned from the log start to its end
+    plan = plan_pass(rows((0, 9, "s", old), (10, 19, "s", old), (20, 29, "w", old)), 0, NOW,
+                     every)
+    assert (plan.base_offset, plan.last_offset, plan.end, plan.dirty_from) == (0, 19, 20, 0)
+    # min.compaction.lag.ms: the young row and everything after it wait
+    lagged = CompactionSettings(min_compaction_lag_ms=5_000)
+    plan = plan_pass(rows((0, 9, "s", old), (10, 19, "s", NOW - 1000)), 0, NOW, lagged)
+    assert plan.end == 10
+    # nothing dirty: nothing to do
+    assert plan_pass(rows((0, 19, "s", old)), 20, NOW, every) is None
+    # the dirty ratio: 10 of 30 offsets dirty (by bytes), below 0.5: wait ...
+    three = rows((0, 9, "s", old), (10, 19, "s", old), (20, 29, "s", old))
+    assert plan_pass(three, 20, NOW, every) is None
+    plan = plan_pass(three, 20, NOW, CompactionSettings(min_cleanable_dirty_ratio=0.3))
+    assert plan.dirty_from == 20 and round(plan.dirty_ratio, 2) == 0.33
+    # ... unless max.compaction.lag.ms has passed for the first dirty row
+    plan = plan_pass(three, 20, NOW, CompactionSettings(max_compaction_lag_ms=5_000))
+    assert plan.forced
+    # a tombstone horizon that has come makes a pass due with nothing dirty (KIP-534)
+    assert plan_pass(rows((0, 19, "s", old)), 20, NOW, every, tombstone_horizon=NOW + 1) is None
+    plan = plan_pass(rows((0, 19, "s", old)), 20, NOW, every, tombstone_horizon=NOW)
+    assert plan.forced and plan.dirty_from == 20
