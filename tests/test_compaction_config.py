@@ -189,3 +189,52 @@ async def test_policy_altered_to_compact_applies_to_the_next_batch(node):
         while not await refused():
             await trio.sleep(0.2)
     assert (await in_thread(_describe, node, "later"))["cleanup.policy"] == "compact"
+
+
+# -- retention: only where the policy includes delete --------------------------------------------
+
+def _watermarks(address: str, topic: str) -> tuple[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": address, "group.id": "unused"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT)
+    finally:
+        consumer.close()
+
+
+def _produce_old(address: str, topic: str, n: int) -> None:
+    import time
+
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": address, "linger.ms": 0})
+    old = int(time.time() * 1000) - 3_600_000
+    for i in range(n):
+        producer.produce(topic, key=b"k%d" % i, value=b"v", partition=0, timestamp=old)
+        producer.flush(TIMEOUT)
+
+
+async def test_retention_applies_to_compact_delete_only(mink_postgres, tmp_path):
+    import trio
+
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=(tmp_path).as_uri(), proxy=False,
+                         log_retention_check_interval_ms=200, log_cleaner_backoff_ms=-1
+                         ) as running:
+        address = running.bootstrap
+        assert await in_thread(_create, address, {
+            "compact-only": {"cleanup.policy": "compact", "retention.ms": "1000"},
+            "compact-delete": {"cleanup.policy": "compact,delete", "retention.ms": "1000"},
+        }) == {"compact-only": None, "compact-delete": None}
+        for topic in ("compact-only", "compact-delete"):
+            await in_thread(_produce_old, address, topic, 3)
+
+        with trio.fail_after(TIMEOUT):  # retention empties compact,delete ...
+            while await in_thread(_watermarks, address, "compact-delete") != (3, 3):
+                await trio.sleep(0.2)
+        # ... in the rounds that would have emptied compact-only too
+        for _ in range(3):
+            await trio.sleep(0.2)
+            assert await in_thread(_watermarks, address, "compact-only") == (0, 3)
