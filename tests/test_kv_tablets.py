@@ -103,3 +103,58 @@ async def test_lookups_match_what_was_acknowledged_across_a_leader_kill():
         entry = second.node.tablets.tablets[(topic_id, 0)]
         assert entry.restored_from is not None and entry.restored_from >= len(items)
         await check_lookups(second, reference)
+
+
+def http_get(admin: tuple[str, int], topic: str, partition: int, key: bytes):
+    from mink.cli.get import lookup
+
+    return lookup(f"{admin[0]}:{admin[1]}", topic, partition, key, timeout=30)
+
+
+async def mink_get(admin: tuple[str, int], topic: str, key: str) -> tuple[int, bytes, str]:
+    import sys
+
+    result = await trio.run_process(
+        [sys.executable, "-m", "mink.cli.main", "get", topic, key, "--admin", f"{admin[0]}:{admin[1]}"],
+        check=False, capture_stdout=True, capture_stderr=True)
+    return result.returncode, result.stdout, result.stderr.decode()
+
+
+async def test_http_lookup_and_mink_get():
+    from mink.testing import open_cluster
+
+    rng = random.Random(8)
+    async with open_cluster(2, proxy=False, admin_listener="127.0.0.1:0", **FAST) as cluster:
+        await cluster.create_topic("table", 1, {"cleanup.policy": "compact"})
+        await cluster.create_topic("plain", 1)
+        leaders = await cluster.wait_led("table")
+        leader = cluster.node(leaders[0])
+        other = cluster.node(2 if leaders[0] == 1 else 1)
+        items = writes(rng, 2, "h")
+        await trio.to_thread.run_sync(_produce, cluster.bootstrap, "table", items)
+        reference = dict(items)
+
+        admin = leader.node.admin_address
+        checked = [k for k, v in reference.items() if v is None] + \
+            rng.sample([k for k, v in reference.items() if v is not None], 300)
+        for key in checked:  # the first waits out the 503s of a loading tablet
+            want = reference[key]
+            status, body = await trio.to_thread.run_sync(http_get, admin, "table", 0, key)
+            if want is None:
+                assert (status, body["status"]) == (404, "not_found"), (key, body)
+            else:
+                assert status == 200 and body["value"] == want.decode(), (key, body)
+        assert (await trio.to_thread.run_sync(http_get, admin, "table", 0, b"nope"))[0] == 404
+        assert (await trio.to_thread.run_sync(http_get, admin, "plain", 0, b"k"))[1][
+            "status"] == "unknown_topic"
+        status, body = await trio.to_thread.run_sync(http_get, other.node.admin_address,
+                                                     "table", 0, b"k00001")
+        assert status == 421 and body["leader"] == leader.node_id
+
+        live = next(k for k, v in reference.items() if v is not None)
+        code, out, err = await mink_get(admin, "table", live.decode())
+        assert (code, out) == (0, reference[live] + b"\n"), err
+        deleted = next((k for k, v in reference.items() if v is None), b"never")
+        assert (await mink_get(admin, "table", deleted.decode()))[0] == 1
+        code, _, err = await mink_get(other.node.admin_address, "table", live.decode())
+        assert code == 3 and f"node {leader.node_id}" in err
