@@ -3,8 +3,8 @@ of its partition's leader, through that node's admin listener (/kv/..., http.py)
 
 Prints the value (raw bytes) and exits 0; exits 1 when the key is not found (deleted or
 never written), 2 when the tablet stayed loading past --timeout or the node is unreachable,
-3 when the node asked does not lead the partition (its leader's id is printed: lookups are
-not forwarded between nodes yet)."""
+3 when the node asked could not reach the partition's leader (any node forwards a lookup
+to the leader's admin listener; its id is printed)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("topic")
     parser.add_argument("key", help="the key, as UTF-8 text")
     parser.add_argument("--admin", required=True, metavar="HOST:PORT",
-                        help="a node's admin listener (the partition's leader)")
+                        help="any node's admin listener (forwarded to the leader)")
     parser.add_argument("--partition", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="how long to retry while the tablet is loading (s)")

@@ -27,11 +27,16 @@ from mink.broker.topics.config import is_compacted
 from mink.protocol.records import iter_batches, iter_records
 from mink.storage.compaction import snapshots
 from mink.storage.compaction.tablet import KVTablet
+from mink.storage.controlplane.postgres import IDEMPOTENT, READ
 from mink.storage.log import LogError, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
 
 READ_BYTES = 1 << 20
+SQL_PUBLISH_ADMIN = """
+UPDATE nodes SET admin_host = %s, admin_port = %s WHERE node_id = %s RETURNING node_id"""
+SQL_ADMIN_OF = """
+SELECT admin_host, admin_port FROM nodes WHERE node_id = %s AND expires_at > now()"""
 
 
 @dataclass(eq=False)
@@ -58,10 +63,36 @@ class TabletKeeper:
         self.tablets: dict[tuple[uuid.UUID, int], PartitionTablet] = {}
 
     async def run(self) -> None:
+        published_epoch = None
         async with trio.open_nursery() as nursery:
             while True:
                 self._start_missing(nursery)
+                epoch = self.node.membership.node_epoch
+                if epoch and epoch != published_epoch:
+                    published_epoch = epoch if await self._publish_admin_address() else None
                 await trio.sleep(0.2)
+
+    async def _publish_admin_address(self) -> bool:
+        """Record this node's admin listener in its nodes row, where a node forwarding a
+        lookup finds it (sql/0021). True once written (or when there is no listener)."""
+        node = self.node
+        bound = getattr(node, "admin_address", None)
+        if bound is None:
+            return node.config.admin_address() is None
+        host, port = bound
+        if host in ("0.0.0.0", "::", ""):
+            host = node.advertised[0]
+        try:
+            await node.metadata.fetch_all(IDEMPOTENT, SQL_PUBLISH_ADMIN,
+                                          (host, port, node.node_id))
+        except Exception as exc:  # noqa: BLE001 - retried at the next round
+            log.info("admin address not published: %r", exc)
+            return False
+        return True
+
+    async def admin_address_of(self, node_id: int) -> tuple[str, int] | None:
+        row = await self.node.metadata.fetch_one(READ, SQL_ADMIN_OF, (node_id,))
+        return None if row is None or row[0] is None else (row[0], row[1])
 
     def _start_missing(self, nursery) -> None:
         streams = self.node.streams

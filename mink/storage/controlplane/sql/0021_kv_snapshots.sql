@@ -56,3 +56,9 @@ BEGIN
     END IF;
     RETURN 'stored';
 END $$;
+
+
+-- Where each node's admin listener is, for lookups forwarded to a partition's leader
+-- (mink/broker/admin/http.py). Written by the node once it has registered; read only by a
+-- forwarding node (one indexed read per forwarded lookup), so not part of the view.
+ALTER TABLE nodes ADD COLUMN admin_host text, ADD COLUMN admin_port integer;
