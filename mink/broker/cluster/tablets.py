@@ -33,6 +33,8 @@ from mink.storage.log import LogError, OffsetOutOfRange
 log = logging.getLogger(__name__)
 
 READ_BYTES = 1 << 20
+# How often the keeper looks for compacted partitions this node newly leads.
+TABLET_CHECK_INTERVAL_S = 0.5
 SQL_PUBLISH_ADMIN = """
 UPDATE nodes SET admin_host = %s, admin_port = %s WHERE node_id = %s RETURNING node_id"""
 SQL_ADMIN_OF = """
@@ -70,7 +72,7 @@ class TabletKeeper:
                 epoch = self.node.membership.node_epoch
                 if epoch and epoch != published_epoch:
                     published_epoch = epoch if await self._publish_admin_address() else None
-                await trio.sleep(0.2)
+                await trio.sleep(TABLET_CHECK_INTERVAL_S)
 
     async def _publish_admin_address(self) -> bool:
         """Record this node's admin listener in its nodes row, where a node forwarding a
