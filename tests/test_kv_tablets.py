@@ -15,6 +15,7 @@ import trio
 from mink.storage.compaction.snapshots import KV_PREFIX
 from mink.storage.controlplane.postgres import READ
 from tests.test_compaction import _produce, read_all, wait_until
+from tests.test_wal import metadata  # noqa: F401  (fixture)
 
 KEYS = 2_000
 FAST = dict(kv_snapshot_records=1_000, kv_snapshot_interval_ms=500,
@@ -163,3 +164,76 @@ async def test_http_lookup_and_mink_get():
         assert (await mink_get(admin, "table", deleted.decode()))[0] == 1
         code, out, err = await mink_get(other.node.admin_address, "table", live.decode())
         assert (code, out) == (0, reference[live] + b"\n"), err
+
+
+def partition_leader(address: str, topic: str) -> int:
+    from tests.test_admin_apis import confluent_admin
+
+    admin = confluent_admin(address)
+    return admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
+
+
+async def test_sigkill_of_the_leader_subprocess(pg_url, store_url, node_processes, metadata):
+    """`mink serve` subprocesses: the leader of a compacted partition is SIGKILLed; the
+    other node serves Produce within the failover time (lease_ttl + coordinator_tick and a
+    margin), and its lookups, from the restored and replayed tablet, match what was
+    acknowledged, before and after the kill."""
+    from mink.storage.embedded_postgres import free_port
+    from tests.support.nodes import node_config
+    from tests.test_lifecycle import create_topic
+
+    settings = dict(FAST, lease_ttl=3.0, coordinator_tick=0.5)
+    nodes = {}
+    for node_id in (1, 2):
+        config = node_config(pg_url, store_url, node_id=node_id,
+                             listener=f"127.0.0.1:{free_port()}",
+                             admin_listener=f"127.0.0.1:{free_port()}", **settings)
+        nodes[node_id] = node_processes(config)
+        await trio.to_thread.run_sync(nodes[node_id].start)
+    bootstrap = ",".join(n.address for n in nodes.values())
+    await trio.to_thread.run_sync(lambda: create_topic(nodes[1].address, "table", 1,
+                                                       cleanup_policy="compact"))
+    rng = random.Random(9)
+    items = writes(rng, 3, "s")
+    await trio.to_thread.run_sync(_produce, bootstrap, "table", items)
+    reference = dict(items)
+    leader = await trio.to_thread.run_sync(partition_leader, bootstrap, "table")
+    survivor = nodes[2 if leader == 1 else 1]
+
+    def admin_of(n):
+        host, port = n.config.admin_listener.rsplit(":", 1)
+        return host, int(port)
+
+    async def snapshotted() -> bool:
+        row = await metadata.fetch_one(READ, "SELECT log_offset FROM kv_snapshots")
+        return row is not None and row[0] >= len(items)
+
+    await wait_until(snapshotted, "a snapshot of the leader's tablet")
+    more = writes(rng, 1, "t")
+    await trio.to_thread.run_sync(_produce, bootstrap, "table", more)
+    reference.update(more)
+
+    await trio.to_thread.run_sync(nodes[leader].kill)
+    killed_at = trio.current_time()
+    after = [(b"k%05d" % k, b"after-%05d" % k) for k in range(0, KEYS, 7)]
+    await trio.to_thread.run_sync(_produce, survivor.address, "table", after)
+    failover_s = trio.current_time() - killed_at
+    assert failover_s < 3.0 + 0.5 + 20, f"Produce served again only after {failover_s:.1f} s"
+    reference.update(after)
+
+    checked = list(reference)[:: 5] + [k for k, v in reference.items() if v is None]
+    for key in checked:
+        status, body = await trio.to_thread.run_sync(http_get, admin_of(survivor), "table", 0,
+                                                     key)
+        want = reference[key]
+        if want is None:
+            assert status == 404, (key, body)
+        else:
+            assert status == 200 and body["value"] == want.decode(), (key, body)
+    # The survivor's tablet came from the snapshot, then the log (its "caught up" line).
+    import re
+
+    text = survivor.log_path.read_text(errors="replace")
+    restored = [int(m) for m in re.findall(r"tablet of \S+ caught up at \d+ .*snapshot at (\d+)",
+                                           text)]
+    assert restored and restored[-1] >= len(items), text[-2000:]
