@@ -63,6 +63,13 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tiering_stream_object_bytes: int = 32 * 1024 * 1024
     tiering_upload_timeout_ms: int = 600_000
     tiering_concurrency: int = 4
+    # Compaction of cleanup.policy=compact topics under their writer leases (Kafka's
+    # log.cleaner.backoff.ms: how often the cleaner looks for a partition to clean; -1: never).
+    log_cleaner_backoff_ms: int = 15_000
+    # KV tablets of compacted partitions on their leaders: a snapshot to the object store
+    # every kv_snapshot_records records or kv_snapshot_interval_ms (with something new).
+    kv_snapshot_records: int = 100_000
+    kv_snapshot_interval_ms: int = 60_000
     # Decompress and walk every record of a produced batch (Kafka's LogValidator) before it is
     # acknowledged. False checks the header and CRC only: for benchmarks that measure the cost,
     # never for a node serving clients (a corrupt batch would stall its consumers).

@@ -19,7 +19,9 @@ from mink.broker.admin.http import serve_admin
 from mink.broker.admin.metrics import node_metrics
 from mink.broker.cluster.coordinator import ClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
+from mink.broker.cluster.compaction import LogCleaner
 from mink.broker.cluster.lifecycle import LifecycleLoops
+from mink.broker.cluster.tablets import TabletKeeper
 from mink.broker.cluster.membership import Membership
 from mink.broker.cluster.sync import PartitionSync
 from mink.broker.cluster.tiering import TieringWorker
@@ -65,6 +67,8 @@ class Node:
         self.leases = BackgroundLeases(self, config.max_partitions)
         self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
         self.tiering = TieringWorker(self)  # WAL objects into stream objects (coordinator)
+        self.cleaner = LogCleaner(self)  # compaction of compacted topics (writer leases)
+        self.tablets = TabletKeeper(self)  # KV tablets of the compacted partitions it leads
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         self.transactions = TransactionCoordinator(self)  # transactional ids
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
@@ -153,6 +157,8 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             nursery.start_soon(node.leases.run)
             nursery.start_soon(node.lifecycle.run)
             nursery.start_soon(node.tiering.run)
+            nursery.start_soon(node.cleaner.run)
+            nursery.start_soon(node.tablets.run)
             await nursery.start(node.groups.run)
             nursery.start_soon(node.transactions.run)
             nursery.start_soon(node.markers.run)

@@ -7,7 +7,7 @@ import sys
 
 import mink
 from mink.broker.config import ConfigError, load_config
-from mink.cli import cluster, dev, quotas, serve, topics
+from mink.cli import cluster, dev, get, quotas, serve, topics
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     topics.add_parser(commands)
     cluster.add_parser(commands)
     quotas.add_parser(commands)
+    get.add_parser(commands)
 
     args = parser.parse_args(argv)
     try:
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             return cluster.run(args)
         if args.command == "quotas":
             return quotas.run(args)
+        if args.command == "get":
+            return get.run(args)
     except ConfigError as exc:
         print(f"mink: {exc}", file=sys.stderr)
         return 2

@@ -300,6 +300,12 @@ class PartitionLog:
             self.caches.drop_tail(self)
             self._wake()
 
+    def forget_tail_below(self, offset: int) -> int:
+        """Compaction rewrote the log below `offset` (mink/storage/compaction/): the tail
+        cache's chunks wholly below it go, so readers get the compacted objects through the
+        index instead of the records as produced. Returns how many went."""
+        return self.caches.drop_tail_below(self, offset)
+
     def advance_log_start(self, offset: int) -> bool:
         """Retention or DeleteRecords moved the log start in PostgreSQL: only forward, never
         past the high watermark this log knows. True if it moved."""
@@ -477,6 +483,22 @@ class ReadCaches:
                 self.tail_used -= len(old_chunk.data)
             else:
                 self._stale -= 1  # dropped with its log already
+
+    def forget_stream_row(self, key: tuple[uuid.UUID, int]) -> None:
+        """The partition's last stream row is no longer trusted (compaction swapped rows of
+        the same offsets): the next cold read asks the index."""
+        self._stream_rows.pop(key, None)
+
+    def drop_tail_below(self, log_: PartitionLog, offset: int) -> int:
+        """Forget the log's oldest chunks while they lie wholly below `offset` (their
+        entries in the eviction order are skipped, as drop_tail's)."""
+        dropped = 0
+        while log_.tail and log_.tail[0].last_offset < offset:
+            chunk = log_.tail.popleft()
+            self.tail_used -= len(chunk.data)
+            self._stale += 1
+            dropped += 1
+        return dropped
 
     def drop_tail(self, log_: PartitionLog) -> None:
         """Forget a closed log's chunks. Their entries in the eviction order are skipped

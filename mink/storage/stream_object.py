@@ -91,10 +91,15 @@ class StreamObjectWriter:
     `finish` returns the parts to upload (scatter-gather)."""
 
     def __init__(self, topic_id: uuid.UUID, partition: int, *,
-                 index_interval: int = DEFAULT_INDEX_INTERVAL) -> None:
+                 index_interval: int = DEFAULT_INDEX_INTERVAL,
+                 covers: tuple[int, int] | None = None) -> None:
         self.topic_id = topic_id
         self.partition = partition
         self.index_interval = index_interval
+        # A compacted object (mink/storage/compaction/): the offsets its index row covers,
+        # (base, last); its batches lie within them with gaps, where records were compacted
+        # away. None: the batches follow each other and cover exactly their own offsets.
+        self.covers = covers
         self.parts: list[memoryview] = []
         self.index: list[IndexEntry] = []
         self.base_offset: int | None = None
@@ -116,14 +121,23 @@ class StreamObjectWriter:
             size = header.batch_length + LOG_OVERHEAD
             if size < RECORD_BATCH_OVERHEAD or position + size > len(view):
                 raise StreamObjectError(f"batch at offset {header.base_offset} is truncated")
-            if self.next_offset is not None and header.base_offset != self.next_offset:
+            if self.next_offset is not None and (
+                    header.base_offset < self.next_offset if self.covers is not None
+                    else header.base_offset != self.next_offset):
                 raise StreamObjectError(f"batch at offset {header.base_offset} does not "
                                         f"follow offset {self.next_offset - 1}")
+            if self.covers is not None and not (
+                    self.covers[0] <= header.base_offset
+                    and header.last_offset <= self.covers[1]):
+                raise StreamObjectError(f"batch at offset {header.base_offset} is outside "
+                                        f"the object's offsets {self.covers}")
             if self.base_offset is None:
                 self.base_offset = header.base_offset
+                self._index_base = (header.base_offset if self.covers is None
+                                    else self.covers[0])
             at = self.data_length + position
             if self._last_indexed < 0 or at - self._last_indexed >= self.index_interval:
-                self.index.append(IndexEntry(header.base_offset - self.base_offset, at,
+                self.index.append(IndexEntry(header.base_offset - self._index_base, at,
                                              self.max_timestamp))
                 self._last_indexed = at
             self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
@@ -142,9 +156,10 @@ class StreamObjectWriter:
     def footer(self) -> StreamFooter:
         if self.base_offset is None:
             raise StreamObjectError("no batch was added")
+        base, last = self.covers or (self.base_offset, self.last_offset)
         return StreamFooter(
             version=FORMAT_VERSION, topic_id=str(self.topic_id), partition=self.partition,
-            base_offset=self.base_offset, last_offset=self.last_offset,
+            base_offset=base, last_offset=last,
             data_length=self.data_length, batch_count=self.batch_count,
             max_timestamp=self.max_timestamp, index_interval=self.index_interval,
             index=self.index)
@@ -240,6 +255,8 @@ class StreamObjectReader:
                                     f"[{footer.base_offset}, {footer.last_offset}]")
         position = self._entry_for_offset(offset)
         while True:  # at most one index interval of headers
+            if position >= footer.data_length:  # compacted away up to the object's end
+                return offset, footer.last_offset, memoryview(b"")
             header = await self._header(position)
             if header.last_offset >= offset:
                 break
@@ -262,7 +279,9 @@ class StreamObjectReader:
                 break
             end += length + LOG_OVERHEAD
             last = base + delta
-        return header.base_offset, last, data[:end]
+        # In a compacted object `offset` may fall in a gap before this batch: the offsets
+        # between are records compacted away, so the bytes returned cover from `offset`.
+        return min(header.base_offset, offset), last, data[:end]
 
     async def first_batch_reaching(self, timestamp: int) -> tuple[BatchHeader, memoryview] | None:
         """The first batch whose max timestamp is at least `timestamp` (ListOffsets by

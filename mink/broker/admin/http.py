@@ -1,14 +1,20 @@
 """The admin HTTP listener: hypercorn's trio worker serving a small ASGI app.
 
 Routes, GET or HEAD: /healthz, /readyz (health.py), /metrics (metrics.py), /console and
-/console/state (console.py). A hand router is enough for that. The server runs in the node's
-nursery and stops with it.
+/console/state (console.py), and key lookups on compacted topics,
+/kv/<topic>/<partition>/<key> (the key percent-encoded; `mink get`): 200 with the value, 404
+not found, 503 while the partition's KV tablet is still restoring; a node that does not lead
+the partition forwards the lookup to its leader's admin listener (421 with the leader's id
+when it cannot find it). A hand router is enough
+for that. The server runs in the node's nursery and stops with it.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 from functools import partial
+from urllib.parse import unquote_to_bytes
 
 import msgspec
 import trio
@@ -48,11 +54,18 @@ class AdminApp:
             return  # websockets: not served
         route = self.routes.get(scope["path"])
         method = scope["method"]
-        if route is None:
+        if route is None and scope["path"].startswith("/kv/") and method in ("GET", "HEAD"):
+            try:
+                status, content_type, body = await self.key_lookup(scope)
+            except Exception:  # noqa: BLE001 - as any page: never the listener down
+                log.exception("admin listener: %s failed", scope["path"])
+                status, content_type, body = 500, TEXT, b"internal error\n"
+            route = _done
+        elif route is None:
             status, content_type, body = 404, TEXT, b"not found\n"
         elif method not in ("GET", "HEAD"):
             status, content_type, body = 405, TEXT, b"method not allowed\n"
-        else:
+        elif route is not _done:
             try:
                 status, content_type, body = route()
             except Exception:  # one bad page must never take the listener (or node) down
@@ -64,6 +77,42 @@ class AdminApp:
             headers.append((b"allow", b"GET, HEAD"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+    async def key_lookup(self, scope) -> tuple[int, bytes, bytes]:
+        """GET /kv/<topic>/<partition>/<key>: the latest value of the key (tablets.py)."""
+        raw = scope.get("raw_path") or scope["path"].encode()
+        parts = raw.split(b"/", 4)  # b"", b"kv", topic, partition, key
+        if len(parts) != 5 or not parts[4]:
+            return 400, TEXT, b"use /kv/<topic>/<partition>/<key>\n"
+        topic = unquote_to_bytes(parts[2]).decode("utf-8", "replace")
+        try:
+            partition = int(parts[3])
+        except ValueError:
+            return 400, TEXT, b"the partition is a number\n"
+        key = unquote_to_bytes(parts[4])
+        found = await self.node.tablets.lookup(topic, partition, key)
+        body = {"topic": topic, "partition": partition, "status": found.status}
+        if found.status == "found":
+            body.update(offset=found.offset, value_base64=base64.b64encode(
+                found.value or b"").decode(), value=_text_or_none(found.value))
+            return 200, JSON, _json.encode(body)
+        if found.status == "not_leader" and found.leader is not None \
+                and not _forwarded(scope):
+            # Any node answers: the lookup goes to the leader's admin listener, once.
+            address = await self.node.tablets.admin_address_of(found.leader)
+            if address is not None:
+                try:
+                    with trio.fail_after(FORWARD_TIMEOUT_S):
+                        return await _forward(address, raw)
+                except (OSError, trio.TooSlowError, ValueError) as exc:
+                    log.info("lookup forwarded to node %d failed: %r", found.leader, exc)
+                    body["error"] = f"forwarding to node {found.leader} failed"
+                    return 502, JSON, _json.encode({**body, "leader": found.leader})
+        status = {"not_found": 404, "unknown_topic": 404, "loading": 503,
+                  "not_leader": 421}[found.status]
+        if found.status == "not_leader":
+            body["leader"] = found.leader
+        return status, JSON, _json.encode(body)
 
     def healthz(self) -> tuple[int, bytes, bytes]:
         return 200, JSON, _json.encode({"status": "ok", "node_id": self.node.node_id})
@@ -84,6 +133,52 @@ class AdminApp:
 
     def console_state(self) -> tuple[int, bytes, bytes]:
         return 200, JSON, self.console.current()
+
+
+FORWARD_TIMEOUT_S = 35.0  # above a lookup's own wait for its tablet
+FORWARDED = b"x-mink-forwarded"
+
+
+def _forwarded(scope) -> bool:
+    return any(name.lower() == FORWARDED for name, _ in scope.get("headers", ()))
+
+
+async def _forward(address: tuple[str, int], raw_path: bytes) -> tuple[int, bytes, bytes]:
+    """GET raw_path from another node's admin listener (HTTP/1.1, one request, the
+    connection closed after it): (status, content type, body)."""
+    host, port = address
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        await stream.send_all(b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s: 1\r\n"
+                              b"Connection: close\r\n\r\n"
+                              % (raw_path, host.encode(), port, FORWARDED))
+        response = bytearray()
+        while chunk := await stream.receive_some(65536):
+            response += chunk
+            if len(response) > 64 << 20:
+                raise ValueError("forwarded lookup answer too large")
+    head, _, body = bytes(response).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    content_type = JSON
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-type":
+            content_type = value.strip()
+    return status, content_type, body
+
+
+def _done():  # the route that was served already
+    raise AssertionError("not called")
+
+
+def _text_or_none(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 async def _lifespan(receive, send) -> None:

@@ -21,7 +21,11 @@ import logging
 import trio
 
 from mink.broker.cluster.leases import topic_of
-from mink.broker.topics.config import InvalidConfig, effective_topic_setting
+from mink.broker.topics.config import (
+    InvalidConfig,
+    deletes_by_retention,
+    effective_topic_setting,
+)
 from mink.storage import controlplane as md
 from mink.storage.lifecycle import store as lifecycle
 from mink.storage.objectstore import ObjectStoreError
@@ -73,8 +77,8 @@ class LifecycleLoops:
             if not scope.startswith("writer/"):
                 continue
             topic = node.view.topic_by_id(topic_of(scope))
-            if topic is None:
-                continue
+            if topic is None or not deletes_by_retention(topic.config):
+                continue  # cleanup.policy=compact alone: no retention by time or size
             try:
                 retention_ms = effective_topic_setting(topic.config, "retention.ms", node.config)
                 retention_bytes = effective_topic_setting(topic.config, "retention.bytes",

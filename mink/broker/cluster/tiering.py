@@ -36,7 +36,11 @@ from dataclasses import dataclass, field
 import trio
 
 from mink.broker.cluster.leases import writer_scope
-from mink.broker.topics.config import InvalidConfig, effective_topic_setting
+from mink.broker.topics.config import (
+    InvalidConfig,
+    deletes_by_retention,
+    effective_topic_setting,
+)
 from mink.storage import controlplane as md
 from mink.storage.lifecycle import tiering
 from mink.storage.objectstore import ObjectStoreError
@@ -134,6 +138,8 @@ class TieringWorker:
         margin_ms = max(config.tiering_delay_ms / 2, 2000 * self.last_jobs_s)
         kept: dict[uuid.UUID, int] = {}
         for topic in self.node.view.topics.values():
+            if not deletes_by_retention(topic.config):
+                continue  # compact alone: retention never deletes its rows
             try:
                 retention_ms = effective_topic_setting(topic.config, "retention.ms", config)
             except InvalidConfig:  # validated when stored; retention skips it too

@@ -31,13 +31,34 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
-def _cleanup_policy(value: str) -> str:
-    policies = {p.strip() for p in str(value).split(",") if p.strip()}
+def _ratio(value: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidConfig(f"{value!r} is not a number") from None
+    if not 0.0 <= number <= 1.0:
+        raise InvalidConfig(f"{number} is not between 0 and 1")
+    return number
+
+
+def _cleanup_policy(value: str) -> frozenset[str]:
+    """The set of policies: {"delete"}, {"compact"} or both (Kafka's LIST, either order)."""
+    policies = frozenset(p.strip() for p in str(value).split(",") if p.strip())
     if not policies or not policies <= {"delete", "compact"}:
         raise InvalidConfig(f"{value!r} is not delete, compact or both")
-    if "compact" in policies:
-        raise InvalidConfig("compacted topics are not supported yet (cleanup.policy=compact)")
-    return "delete"
+    return policies
+
+
+def is_compacted(config: dict[str, str]) -> bool:
+    """cleanup.policy contains compact. A substring test on the stored (validated) value,
+    cheap enough for the Produce path."""
+    return "compact" in config.get("cleanup.policy", "")
+
+
+def deletes_by_retention(config: dict[str, str]) -> bool:
+    """cleanup.policy contains delete: retention.ms / retention.bytes apply (Kafka: a
+    compact-only topic is never truncated by time or size)."""
+    return "delete" in config.get("cleanup.policy", "delete")
 
 
 @dataclass(frozen=True)
@@ -52,8 +73,26 @@ class Setting:
 
 
 TOPIC_SETTINGS: dict[str, Setting] = {
-    "cleanup.policy": Setting("delete", _cleanup_policy, "delete old segments; compact: not yet",
+    "cleanup.policy": Setting("delete", _cleanup_policy,
+                              "delete: retention.ms / retention.bytes truncate the log; "
+                              "compact: the latest record per key is kept (both: both)",
                               "LIST", "log.cleanup.policy"),
+    # Compaction (docs/compaction.md), Kafka's LogCleaner settings and defaults.
+    "delete.retention.ms": Setting("86400000", _long(0),
+                                   "how long a tombstone is kept after the first cleaner pass "
+                                   "that saw it (KIP-534)", "LONG",
+                                   "log.cleaner.delete.retention.ms"),
+    "min.compaction.lag.ms": Setting("0", _long(0),
+                                     "records younger than this are never compacted", "LONG",
+                                     "log.cleaner.min.compaction.lag.ms"),
+    "max.compaction.lag.ms": Setting(str(2**63 - 1), _long(1),
+                                     "a record older than this makes its partition cleanable "
+                                     "whatever its dirty ratio", "LONG",
+                                     "log.cleaner.max.compaction.lag.ms"),
+    "min.cleanable.dirty.ratio": Setting("0.5", _ratio,
+                                         "a partition is cleaned once this share of it is "
+                                         "dirty (not compacted yet)", "DOUBLE",
+                                         "log.cleaner.min.cleanable.ratio"),
     "retention.ms": Setting("604800000", _long(-1), "how long data is kept; -1: forever",
                             "LONG", "log.retention.ms"),
     "retention.bytes": Setting("-1", _long(-1), "how many bytes a partition keeps; -1: all",
@@ -83,12 +122,10 @@ TOPIC_SETTINGS: dict[str, Setting] = {
 _SEGMENTS = "there are no log segments: data is in WAL and stream objects"
 _REPLICAS = "a partition has one replica, its leader; durability comes from the object store"
 _DISK = "nothing is written to a local disk"
-_COMPACTION = "compacted topics are not supported yet"
 IGNORED_KAFKA_SETTINGS: dict[str, str] = {
     "compression.gzip.level": "batches are recompressed at the codec's default level",
     "compression.lz4.level": "batches are recompressed at the codec's default level",
     "compression.zstd.level": "batches are recompressed at the codec's default level",
-    "delete.retention.ms": _COMPACTION,
     "file.delete.delay.ms": "the cluster's file_delete_delay_ms applies to every topic",
     "flush.messages": _DISK, "flush.ms": _DISK,
     "follower.replication.throttled.replicas": _REPLICAS,
@@ -96,13 +133,10 @@ IGNORED_KAFKA_SETTINGS: dict[str, str] = {
     "leader.replication.throttled.replicas": _REPLICAS,
     "local.retention.bytes": "there is no local tier: everything is in the object store",
     "local.retention.ms": "there is no local tier: everything is in the object store",
-    "max.compaction.lag.ms": _COMPACTION,
     "message.downconversion.enable": "record batches v2 only; nothing is down-converted",
     "message.format.version": "record batches v2 only",
     "message.timestamp.difference.max.ms": "replaced by message.timestamp.before.max.ms "
                                            "and message.timestamp.after.max.ms (KIP-937)",
-    "min.cleanable.dirty.ratio": _COMPACTION,
-    "min.compaction.lag.ms": _COMPACTION,
     "min.insync.replicas": _REPLICAS,
     "preallocate": _DISK,
     "remote.storage.enable": "every partition is in the object store already",

@@ -1,3 +1,4 @@
-"""Room for compacted topics (round 2): a KV tablet (key digest -> latest offset) per
-partition, snapshotted to the object store, restored and replayed on open; compaction
-("assembly") under the topic's writer lease. Empty until that work lands."""
+"""Compacted topics (docs/compaction.md): the log cleaner's record work (`cleaner.py`) and
+its pass over a partition's index rows (`store.py`), the KV tablet (`tablet.py`: key digest
+-> latest offset) and its snapshots in the object store (`snapshots.py`). The broker loops
+that run them: `mink/broker/cluster/compaction.py` and `mink/broker/cluster/tablets.py`."""

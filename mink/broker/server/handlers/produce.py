@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.topics.config import topic_setting
+from mink.broker.topics.config import is_compacted, topic_setting
 from mink.broker.transactions.verification import verify_transactional_batches
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.log_validator import (
@@ -215,7 +215,7 @@ def _settings(node, config: dict, transactional: bool = False) -> ValidationSett
         timestamp_after_max_ms=topic_setting(config, "message.timestamp.after.max.ms"),
         max_message_bytes=max_message_bytes,
         max_decompressed_bytes=decompressed_size_limit(max_message_bytes),
-        compacted=False,  # cleanup.policy=compact is refused when topics are made (topic_config)
+        compacted=is_compacted(config),  # every record needs a key (INVALID_RECORD)
         validate_records=node.config.produce_validate_records,
         transactional_id=transactional,
         target_compression=target_codec(config.get("compression.type")))

@@ -1,0 +1,325 @@
+"""Kafka's LogCleaner for one partition's batches, as pure functions (no I/O, no clock: `now_ms`
+comes in). The pass that runs them under the topic's writer lease is
+`mink/storage/compaction/store.py`; the broker loop that schedules it is
+`mink/broker/cluster/compaction.py`.
+
+A pass has Kafka's two steps:
+
+1. `build_offset_map`: over the dirty section (from the partition's cleaned-to offset up to
+   the cleanable end), key -> offset of its latest record.
+2. `clean_batch`, for every batch from the log start up to the cleanable end: a record is
+   kept if no later record of its key is in the map; a batch whose records all stay is kept
+   byte for byte; one that loses some is rebuilt with the records kept, at their offsets
+   (gaps inside and between batches, as Kafka), the same base offset, last offset delta,
+   producer id, epoch and base sequence, recompressed with its own codec, and checked by the
+   record walk of the LogValidator before it is used; a batch that loses all goes.
+
+Tombstones (a key with a null value) follow KIP-534: the first pass that keeps one sets the
+batch's delete horizon (attribute bit 6; the base timestamp holds now + delete.retention.ms,
+the records' timestamp deltas are rewritten against it so their timestamps stay); a later
+pass after the horizon drops them.
+
+Transactions, as Kafka's cleaner: a transactional batch is decided by its producer's next
+marker (control batch) in the log. Committed data is cleaned like any other; aborted data
+goes; undecided data (no marker yet: an open transaction) is left as it is, never
+supersedes, and the cleanable end stops at its first offset (the last stable offset), so
+nothing above an open transaction is cleaned. A marker stays while data of its transaction
+does; once none is left it gets a delete horizon like a tombstone and goes after it
+(delete.retention.ms after its data went).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from mink.protocol import compression as codecs
+from mink.protocol import record_walk
+from mink.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    DELETE_HORIZON_FLAG_MASK,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_APPEND_TIME,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    Record,
+    build_batch,
+    decompressed_records,
+    is_crc_valid,
+    iter_batches,
+    iter_records,
+    parse_batch_header,
+    write_crc,
+)
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+class CleanerError(Exception):
+    """A batch could not be cleaned (it does not decode, or its rebuild failed the check)."""
+
+
+class OffsetMap:
+    """Key -> offset of its latest record in the dirty section. A dict of bytes here: the
+    pass's map lives for one pass only (the KV tablet, not built yet, is the compact one)."""
+
+    __slots__ = ("latest",)
+
+    def __init__(self) -> None:
+        self.latest: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.latest)
+
+    def superseded(self, key: bytes, offset: int) -> bool:
+        latest = self.latest.get(key)
+        return latest is not None and latest > offset
+
+
+# What becomes of a batch in a pass.
+CLEAN = "clean"    # its records kept if not superseded (plain data, committed transactions)
+KEEP = "keep"      # as it is (undecided transactional data, anything from the cleanable end)
+DROP = "drop"      # gone (aborted transactional data)
+MARKER = "marker"  # a transaction marker (control batch)
+
+_CONTROL_KEY = struct.Struct(">hh")  # version, type (0: abort, 1: commit)
+
+
+def marker_commits(batch: bytes | memoryview) -> bool:
+    """Whether a control batch is a commit marker (False: an abort)."""
+    for record in iter_records(batch):
+        if record.key is not None and len(record.key) >= _CONTROL_KEY.size:
+            return _CONTROL_KEY.unpack_from(record.key)[1] == 1
+    return False
+
+
+def decide(batches: list[bytes | memoryview], end: int) -> tuple[list[str], int]:
+    """What each batch is (CLEAN, KEEP, DROP, MARKER) and the cleanable end: `end`, or the
+    first offset of a transaction still undecided (the last stable offset) if lower."""
+    modes: list[str] = []
+    open_txn: dict[int, list[int]] = {}  # producer id -> indexes of its undecided batches
+    for i, batch in enumerate(batches):
+        header = parse_batch_header(batch)
+        if header.is_control:
+            modes.append(MARKER)
+            mode = CLEAN if marker_commits(batch) else DROP
+            for j in open_txn.pop(header.producer_id, ()):
+                modes[j] = mode
+        elif header.is_transactional:
+            modes.append(KEEP)
+            open_txn.setdefault(header.producer_id, []).append(i)
+        else:
+            modes.append(CLEAN)
+    lso = min((parse_batch_header(batches[j]).base_offset
+               for indexes in open_txn.values() for j in indexes), default=end)
+    return modes, min(end, lso)
+
+
+def build_offset_map(batches: Iterable[bytes | memoryview], start: int, end: int,
+                     into: OffsetMap | None = None,
+                     modes: list[str] | None = None) -> OffsetMap:
+    """The latest offset of every key among the records with start <= offset < end, of the
+    batches whose mode is CLEAN (without `modes`: the plain, non-transactional ones)."""
+    offset_map = into if into is not None else OffsetMap()
+    latest = offset_map.latest
+    for i, batch in enumerate(batches):
+        header = parse_batch_header(batch)
+        if header.last_offset < start or header.base_offset >= end:
+            continue
+        if (modes[i] != CLEAN if modes is not None
+                else header.is_control or header.is_transactional):
+            continue
+        base = header.base_offset
+        for record in iter_records(batch):
+            offset = base + record.offset_delta
+            if start <= offset < end and record.key is not None:
+                latest[bytes(record.key)] = offset
+    return offset_map
+
+
+class Cleaned(NamedTuple):
+    batch: bytes | memoryview | None  # the batch to keep (as it was, or rebuilt); None: gone
+    records_in: int
+    records_out: int
+    tombstones_dropped: int
+    rebuilt: bool
+    horizon: int | None = None  # the delete horizon of the tombstones it keeps, if any
+
+
+def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int,
+                delete_retention_ms: int, end: int, keep_whole: bool = False,
+                mode: str | None = None) -> Cleaned:
+    """One batch of the cleaned range (its base offset below `end`, the cleanable end).
+    `keep_whole`: the range's last batch, never dropped: when nothing of it stays it is kept
+    as it was, so the range keeps its last offset (a rebuilt batch keeps its last offset
+    delta anyway)."""
+    header = parse_batch_header(batch)
+    count = header.records_count
+    if mode is None:  # alone: plain data is cleaned, anything transactional kept
+        mode = KEEP if header.is_control or header.is_transactional else CLEAN
+    if mode == DROP and not keep_whole:
+        return Cleaned(None, count, 0, 0, False)
+    if mode != CLEAN or header.last_offset >= end:
+        return Cleaned(batch, count, count, 0, False)
+    horizon_passed = header.has_delete_horizon_ms and header.base_timestamp <= now_ms
+    kept: list[tuple[int, int, Record]] = []  # (offset, timestamp, record)
+    tombstones_dropped = 0
+    base = header.base_offset
+    for record in iter_records(batch):
+        offset = base + record.offset_delta
+        if record.key is not None and offset_map.superseded(bytes(record.key), offset):
+            continue
+        if record.value is None and horizon_passed:
+            tombstones_dropped += 1
+            continue
+        kept.append((offset, header.base_timestamp + record.timestamp_delta, record))
+    has_tombstones = any(r.value is None for _, _, r in kept)
+    needs_horizon = has_tombstones and not header.has_delete_horizon_ms
+    if len(kept) == count and not needs_horizon:
+        return Cleaned(batch, count, count, 0, False,
+                       header.base_timestamp if has_tombstones else None)
+    if not kept and not keep_whole:
+        return Cleaned(None, count, 0, tombstones_dropped, False)
+    if not kept:  # the last batch: kept whole, tombstones and all, until more data follows
+        return Cleaned(batch, count, count, 0, False)
+    horizon = None
+    if has_tombstones:
+        horizon = (header.base_timestamp if header.has_delete_horizon_ms
+                   else now_ms + delete_retention_ms)
+    rebuilt = rebuild_batch(header, kept, horizon)
+    return Cleaned(rebuilt, count, len(kept), tombstones_dropped, True, horizon)
+
+
+def rebuild_batch(header: BatchHeader, kept: list[tuple[int, int, Record]],
+                  delete_horizon_ms: int | None) -> bytes:
+    """The batch of `header` with only the records `kept` ((offset, timestamp, record) in
+    offset order), at their offsets, in the batch's own codec; with a delete horizon, the
+    base timestamp is the horizon (KIP-534) and the deltas are taken against it."""
+    base_timestamp = header.base_timestamp if delete_horizon_ms is None else delete_horizon_ms
+    records = [r._replace(offset_delta=offset - header.base_offset,
+                          timestamp_delta=timestamp - base_timestamp)
+               for offset, timestamp, r in kept]
+    if header.timestamp_type == LOG_APPEND_TIME:
+        max_timestamp = header.max_timestamp
+    else:
+        max_timestamp = max(timestamp for _, timestamp, _ in kept)
+    out = bytearray(build_batch(
+        records, base_offset=header.base_offset, compression=header.compression,
+        producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence, timestamp_type=header.timestamp_type,
+        base_timestamp=base_timestamp, max_timestamp=max_timestamp,
+        partition_leader_epoch=header.partition_leader_epoch,
+        is_transactional=header.is_transactional, is_control=header.is_control))
+    # The batch keeps the offsets it covered: its last offset delta, so the producer's
+    # last sequence and the next batch's offset stay what they were.
+    _INT32.pack_into(out, LAST_OFFSET_DELTA_OFFSET, header.last_offset - header.base_offset)
+    if delete_horizon_ms is not None:
+        (attributes,) = _INT16.unpack_from(out, ATTRIBUTES_OFFSET)
+        _INT16.pack_into(out, ATTRIBUTES_OFFSET, attributes | DELETE_HORIZON_FLAG_MASK)
+    write_crc(out)
+    check_rebuilt(bytes(out))
+    return bytes(out)
+
+
+def check_rebuilt(batch: bytes) -> None:
+    """The LogValidator's checks a rebuilt batch must pass: CRC, the codec decompresses it,
+    the record walk finds its framing and count whole and every record keyed; offset deltas
+    only increasing and within the batch (they have gaps: the walk's consecutive-delta rule
+    is for client batches)."""
+    header = parse_batch_header(batch)
+    if not is_crc_valid(batch) or header.size != len(batch):
+        raise CleanerError(f"rebuilt batch at {header.base_offset} fails its CRC or length")
+    section = (batch[RECORD_BATCH_OVERHEAD:] if header.compression == codecs.NONE
+               else decompressed_records(batch))
+    error, _, found = record_walk.walk_records(section, header.records_count,
+                                               header.base_timestamp, 0, 0, False, True)
+    if error is not None or any(kind != record_walk.OFFSET_DELTA for _, kind, _ in found):
+        raise CleanerError(f"rebuilt batch at {header.base_offset}: {error or found[:3]}")
+    deltas = [r.offset_delta for r in iter_records(batch)]
+    last_delta = header.last_offset - header.base_offset
+    if any(b <= a for a, b in zip(deltas, deltas[1:])) or deltas[0] < 0 \
+            or deltas[-1] > last_delta:
+        raise CleanerError(f"rebuilt batch at {header.base_offset}: offset deltas {deltas[:5]}")
+
+
+class PassResult(NamedTuple):
+    batches: list[bytes | memoryview]
+    records_in: int
+    records_out: int
+    tombstones_dropped: int
+    batches_rebuilt: int
+    # The earliest delete horizon still ahead (after now_ms) among the tombstones kept: the
+    # pass due then drops them, dirty or not. None: no tombstone waits for its horizon.
+    next_horizon: int | None = None
+    end: int | None = None  # the cleanable end the pass used (lowered to the LSO)
+
+
+def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap | None = None, *,
+                  now_ms: int, delete_retention_ms: int, end: int,
+                  dirty_from: int | None = None) -> PassResult:
+    """Every batch of `data` (whole batches, offset order) cleaned; the last batch is never
+    dropped. Without `offset_map`, it is built here from `dirty_from` (transactions
+    decided first, the cleanable end lowered to the last stable offset: `decide`)."""
+    batches = [b for chunk in data for _, b in iter_batches(chunk)]
+    modes, end = decide(batches, end)
+    if offset_map is None:
+        offset_map = build_offset_map(batches, end if dirty_from is None else
+                                      min(dirty_from, end), end, modes=modes)
+    out: list[bytes | memoryview | None] = []
+    records_in = records_out = dropped = rebuilt = 0
+    horizons: list[int] = []
+    # per producer: indexes in `out` of the data of its transaction since its last marker
+    txn_data: dict[int, list[int]] = {}
+    last = len(batches) - 1
+    for i, batch in enumerate(batches):
+        if modes[i] == MARKER:
+            header = parse_batch_header(batch)
+            alive = [j for j in txn_data.pop(header.producer_id, ()) if out[j] is not None]
+            kept = _clean_marker(batch, header, bool(alive), now_ms, delete_retention_ms,
+                                 end, keep_whole=i == last)
+            cleaned = Cleaned(kept, 1, 0 if kept is None else 1, 0,
+                              kept is not None and kept is not batch,
+                              _horizon_of(kept) if kept is not None and not alive else None)
+        else:
+            cleaned = clean_batch(batch, offset_map, now_ms=now_ms,
+                                  delete_retention_ms=delete_retention_ms, end=end,
+                                  keep_whole=i == last, mode=modes[i])
+            if parse_batch_header(batch).is_transactional:
+                txn_data.setdefault(parse_batch_header(batch).producer_id, []).append(len(out))
+        records_in += cleaned.records_in
+        records_out += cleaned.records_out
+        dropped += cleaned.tombstones_dropped
+        rebuilt += cleaned.rebuilt
+        out.append(cleaned.batch)
+        if cleaned.horizon is not None and cleaned.horizon > now_ms:
+            horizons.append(cleaned.horizon)
+    return PassResult([b for b in out if b is not None], records_in, records_out, dropped,
+                      rebuilt, min(horizons) if horizons else None, end)
+
+
+def _horizon_of(batch) -> int | None:
+    header = parse_batch_header(batch)
+    return header.base_timestamp if header.has_delete_horizon_ms else None
+
+
+def _clean_marker(batch, header: BatchHeader, has_data: bool, now_ms: int,
+                  delete_retention_ms: int, end: int, keep_whole: bool):
+    """A marker stays while data of its transaction does; then it gets a delete horizon and
+    goes after it (Kafka keeps markers delete.retention.ms after their data is gone)."""
+    if has_data or header.last_offset >= end:
+        return batch
+    if header.has_delete_horizon_ms:
+        if header.base_timestamp <= now_ms and not keep_whole:
+            return None
+        return batch
+    timestamp = header.base_timestamp
+    kept = [(header.base_offset + r.offset_delta, timestamp + r.timestamp_delta, r)
+            for r in iter_records(batch)]
+    return rebuild_batch(header, kept, now_ms + delete_retention_ms)
+
+
+__all__ = ["CLEAN", "DROP", "KEEP", "MARKER", "Cleaned", "CleanerError", "OffsetMap",
+           "PassResult", "build_offset_map", "check_rebuilt", "clean_batch", "clean_batches",
+           "decide", "marker_commits", "rebuild_batch"]

@@ -1,0 +1,239 @@
+"""KV tablets on the leaders of compacted partitions (mink/broker/cluster/tablets.py), in a
+two-node cluster of the harness with confluent-kafka: lookups return the acknowledged
+latest value of every key (or not found for a deleted or unknown one); snapshots are
+written to the object store under the leader epoch; after the leader is killed the new
+leader serves Produce and Fetch, restores the newest snapshot, replays the rest, and its
+lookups match a reference dict built from what was acknowledged; the HTTP lookup and
+`mink get` answer through either node (the non-leader forwards to the leader)."""
+
+from __future__ import annotations
+
+import random
+
+import trio
+
+from mink.storage.compaction.snapshots import KV_PREFIX
+from mink.storage.controlplane.postgres import READ
+from tests.test_compaction import _produce, read_all, wait_until
+from tests.test_wal import metadata  # noqa: F401  (fixture)
+
+KEYS = 2_000
+FAST = dict(kv_snapshot_records=1_000, kv_snapshot_interval_ms=500,
+            log_cleaner_backoff_ms=-1, tiering_delay_ms=1000)
+
+
+def writes(rng: random.Random, rounds: int, tag: str) -> list[tuple[bytes, bytes | None]]:
+    items = []
+    for r in range(rounds):
+        for k in rng.sample(range(KEYS), KEYS // 2):
+            items.append((b"k%05d" % k, None if rng.random() < 0.05
+                          else b"%s-%d-%05d" % (tag.encode(), r, k)))
+    return items
+
+
+async def check_lookups(node, reference: dict[bytes, bytes | None]) -> None:
+    keeper = node.node.tablets
+    for key in [*reference, b"never-written"]:
+        got = await node.call(keeper.lookup, "table", 0, key)
+        want = reference.get(key)
+        if want is None:
+            assert got.status == "not_found", (key, got)
+        else:
+            assert (got.status, got.value) == ("found", want), (key, got)
+
+
+async def test_lookups_match_what_was_acknowledged_across_a_leader_kill():
+    from mink.testing import open_cluster
+
+    rng = random.Random(7)
+    async with open_cluster(2, proxy=False, **FAST) as cluster:
+        await cluster.create_topic("table", 1, {"cleanup.policy": "compact"})
+        leaders = await cluster.wait_led("table")
+        first = cluster.node(leaders[0])
+        reference: dict[bytes, bytes | None] = {}
+
+        items = writes(rng, 3, "a")
+        await trio.to_thread.run_sync(_produce, cluster.bootstrap, "table", items)
+        reference.update(items)
+
+        async def caught_up() -> bool:
+            entry = first.node.tablets.tablets.get(
+                (first.node.view.topics["table"].topic_id, 0))
+            return entry is not None and entry.caught_up.is_set()
+
+        await wait_until(caught_up, "the leader's tablet caught up")
+        await check_lookups(first, reference)
+
+        topic_id = first.node.view.topics["table"].topic_id
+
+        async def snapshot_row():
+            return await first.call(first.node.metadata.fetch_one, READ, """
+                SELECT log_offset, object_key, leader_epoch FROM kv_snapshots
+                 WHERE topic_id = %s AND partition = 0""", (topic_id,))
+
+        async def snapshotted() -> bool:
+            row = await snapshot_row()
+            return row is not None and row[0] >= len(items)
+
+        await wait_until(snapshotted, "a snapshot covering the first writes")
+        snapshot = await snapshot_row()
+        assert snapshot[1].startswith(KV_PREFIX)
+
+        # Writes after the snapshot: replayed from the log by the next leader.
+        more = writes(rng, 1, "b")
+        await trio.to_thread.run_sync(_produce, cluster.bootstrap, "table", more)
+        reference.update(more)
+        await check_lookups(first, reference)  # read-your-acknowledged-writes
+
+        await first.kill()
+        second = cluster.node(2 if leaders[0] == 1 else 1)
+
+        async def moved() -> bool:
+            return second.node.streams.get(topic_id, 0) is not None
+
+        await wait_until(moved, "the partition led by the surviving node")
+        # Produce and Fetch are served at once: a consumer reads every record.
+        end = len(items) + len(more)
+        got = await trio.to_thread.run_sync(read_all, cluster.bootstrap, "table", end)
+        assert len(got) == end
+
+        async def restored() -> bool:
+            entry = second.node.tablets.tablets.get((topic_id, 0))
+            return entry is not None and entry.caught_up.is_set()
+
+        await wait_until(restored, "the new leader's tablet restored and replayed")
+        entry = second.node.tablets.tablets[(topic_id, 0)]
+        assert entry.restored_from is not None and entry.restored_from >= len(items)
+        await check_lookups(second, reference)
+
+
+def http_get(admin: tuple[str, int], topic: str, partition: int, key: bytes):
+    from mink.cli.get import lookup
+
+    return lookup(f"{admin[0]}:{admin[1]}", topic, partition, key, timeout=30)
+
+
+async def mink_get(admin: tuple[str, int], topic: str, key: str) -> tuple[int, bytes, str]:
+    import sys
+
+    result = await trio.run_process(
+        [sys.executable, "-m", "mink.cli.main", "get", topic, key, "--admin", f"{admin[0]}:{admin[1]}"],
+        check=False, capture_stdout=True, capture_stderr=True)
+    return result.returncode, result.stdout, result.stderr.decode()
+
+
+async def test_http_lookup_and_mink_get():
+    from mink.testing import open_cluster
+
+    rng = random.Random(8)
+    async with open_cluster(2, proxy=False, admin_listener="127.0.0.1:0", **FAST) as cluster:
+        await cluster.create_topic("table", 1, {"cleanup.policy": "compact"})
+        await cluster.create_topic("plain", 1)
+        leaders = await cluster.wait_led("table")
+        leader = cluster.node(leaders[0])
+        other = cluster.node(2 if leaders[0] == 1 else 1)
+        items = writes(rng, 2, "h")
+        await trio.to_thread.run_sync(_produce, cluster.bootstrap, "table", items)
+        reference = dict(items)
+
+        admin = leader.node.admin_address
+        checked = [k for k, v in reference.items() if v is None] + \
+            rng.sample([k for k, v in reference.items() if v is not None], 300)
+        for key in checked:  # the first waits out the 503s of a loading tablet
+            want = reference[key]
+            status, body = await trio.to_thread.run_sync(http_get, admin, "table", 0, key)
+            if want is None:
+                assert (status, body["status"]) == (404, "not_found"), (key, body)
+            else:
+                assert status == 200 and body["value"] == want.decode(), (key, body)
+        assert (await trio.to_thread.run_sync(http_get, admin, "table", 0, b"nope"))[0] == 404
+        assert (await trio.to_thread.run_sync(http_get, admin, "plain", 0, b"k"))[1][
+            "status"] == "unknown_topic"
+        # Through the node that does not lead the partition: forwarded to the leader.
+        for key in checked[:50]:
+            status, body = await trio.to_thread.run_sync(http_get, other.node.admin_address,
+                                                         "table", 0, key)
+            want = reference[key]
+            assert status == (404 if want is None else 200), (key, body)
+            assert want is None or body["value"] == want.decode()
+
+        live = next(k for k, v in reference.items() if v is not None)
+        code, out, err = await mink_get(admin, "table", live.decode())
+        assert (code, out) == (0, reference[live] + b"\n"), err
+        deleted = next((k for k, v in reference.items() if v is None), b"never")
+        assert (await mink_get(admin, "table", deleted.decode()))[0] == 1
+        code, out, err = await mink_get(other.node.admin_address, "table", live.decode())
+        assert (code, out) == (0, reference[live] + b"\n"), err
+
+
+def partition_leader(address: str, topic: str) -> int:
+    from tests.test_admin_apis import confluent_admin
+
+    admin = confluent_admin(address)
+    return admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
+
+
+async def test_sigkill_of_the_leader_subprocess(pg_url, store_url, node_processes, metadata):
+    """`mink serve` subprocesses: the leader of a compacted partition is SIGKILLed; the
+    other node serves Produce within the failover time (lease_ttl + coordinator_tick and a
+    margin), and its lookups, from the restored and replayed tablet, match what was
+    acknowledged, before and after the kill."""
+    from mink.storage.embedded_postgres import free_port
+    from tests.support.nodes import node_config
+    from tests.test_lifecycle import create_topic
+
+    settings = dict(FAST, lease_ttl=3.0, coordinator_tick=0.5)
+    nodes = {}
+    for node_id in (1, 2):
+        config = node_config(pg_url, store_url, node_id=node_id,
+                             listener=f"127.0.0.1:{free_port()}",
+                             admin_listener=f"127.0.0.1:{free_port()}", **settings)
+        nodes[node_id] = node_processes(config)
+        await trio.to_thread.run_sync(nodes[node_id].start)
+    bootstrap = ",".join(n.address for n in nodes.values())
+    await trio.to_thread.run_sync(lambda: create_topic(nodes[1].address, "table", 1,
+                                                       cleanup_policy="compact"))
+    rng = random.Random(9)
+    items = writes(rng, 3, "s")
+    await trio.to_thread.run_sync(_produce, bootstrap, "table", items)
+    reference = dict(items)
+    leader = await trio.to_thread.run_sync(partition_leader, bootstrap, "table")
+    survivor = nodes[2 if leader == 1 else 1]
+
+    def admin_of(n):
+        host, port = n.config.admin_listener.rsplit(":", 1)
+        return host, int(port)
+
+    async def snapshotted() -> bool:
+        row = await metadata.fetch_one(READ, "SELECT log_offset FROM kv_snapshots")
+        return row is not None and row[0] >= len(items)
+
+    await wait_until(snapshotted, "a snapshot of the leader's tablet")
+    more = writes(rng, 1, "t")
+    await trio.to_thread.run_sync(_produce, bootstrap, "table", more)
+    reference.update(more)
+
+    await trio.to_thread.run_sync(nodes[leader].kill)
+    killed_at = trio.current_time()
+    after = [(b"k%05d" % k, b"after-%05d" % k) for k in range(0, KEYS, 7)]
+    await trio.to_thread.run_sync(_produce, survivor.address, "table", after)
+    failover_s = trio.current_time() - killed_at
+    assert failover_s < 3.0 + 0.5 + 20, f"Produce served again only after {failover_s:.1f} s"
+    reference.update(after)
+
+    checked = list(reference)[:: 5] + [k for k, v in reference.items() if v is None]
+    for key in checked:
+        status, body = await trio.to_thread.run_sync(http_get, admin_of(survivor), "table", 0,
+                                                     key)
+        want = reference[key]
+        if want is None:
+            assert status == 404, (key, body)
+        else:
+            assert status == 200 and body["value"] == want.decode(), (key, body)
+    # The survivor's tablet came from the snapshot, then the log (its "caught up" line).
+    import re
+
+    text = survivor.log_path.read_text(errors="replace")
+    restored = [int(m) for m in re.findall(r"tablet of \S+ caught up at \d+ .*snapshot at (\d+)",
+                                           text)]
+    assert restored and restored[-1] >= len(items), text[-2000:]
