@@ -75,7 +75,7 @@ async def handle(node, ctx, request):
                 read.records, read.size = [], 0
     if committed_only:
         await _find_aborted(node, reads)
-    return _response(node, version, reads)
+    return _response(node, version, reads, ctx.listener_name)
 
 
 async def _find_aborted(node, reads: list[_Read]) -> None:
@@ -126,7 +126,7 @@ async def _wait_for_commit(reads: list[_Read], deadline: float) -> None:
             partition_log.waiters.discard(woken)
 
 
-def _response(node, version: int, reads: list[_Read]):
+def _response(node, version: int, reads: list[_Read], listener: str | None = None):
     schema = response_schema(1, version)
     partition_schema = nested(schema, "PartitionData")
     aborted_schema = nested(schema, "AbortedTransaction")
@@ -165,13 +165,15 @@ def _response(node, version: int, reads: list[_Read]):
                  responses=tuple(build(topic_schema, topic=name, topic_id=topic_id,
                                        partitions=tuple(parts))
                                  for (name, topic_id), parts in topics.items()),
-                 node_endpoints=_node_endpoints(schema, leaders) if version >= 16 else ())
+                 node_endpoints=_node_endpoints(schema, leaders, listener) if version >= 16 else ())
 
 
-def _node_endpoints(schema, leaders: dict) -> tuple:
-    """v16+ (KIP-951): where the leaders named in `current_leader` listen."""
+def _node_endpoints(schema, leaders: dict, listener: str | None = None) -> tuple:
+    """v16+ (KIP-951): where the leaders named in `current_leader` listen (on the
+    listener the request came in on)."""
     endpoint = nested(schema, "NodeEndpoint")
-    return tuple(endpoint(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+    return tuple(endpoint(node_id=b.node_id, host=b.endpoint(listener)[0],
+                          port=b.endpoint(listener)[1], rack=b.rack)
                  for _, b in sorted(leaders.items()) if b is not None)
 
 

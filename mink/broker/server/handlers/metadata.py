@@ -32,19 +32,20 @@ async def handle(node, ctx, request):
     # KIP-430: the operations are there only when asked for (v8+; the cluster's v8-10)
     operations = (bool(getattr(request, "include_topic_authorized_operations", False)),
                   bool(getattr(request, "include_cluster_authorized_operations", False)))
-    key = ("metadata", version, operations, None if every_topic else tuple(
+    listener = ctx.listener_name  # brokers are listed with this listener's endpoints
+    key = ("metadata", version, operations, listener, None if every_topic else tuple(
         (t.name, getattr(t, "topic_id", None)) for t in requested))
     encoded = view.memo.get(key)
     if encoded is None:
         if len(view.memo) > 256:
             view.memo.clear()
         encoded = view.memo[key] = encode_body(
-            _response(view, version, requested, every_topic, operations))
+            _response(view, version, requested, every_topic, operations, listener))
     return encoded
 
 
 def _response(view: ClusterView, version: int, requested, every_topic: bool,
-              operations: tuple[bool, bool] = (False, False)):
+              operations: tuple[bool, bool] = (False, False), listener: str | None = None):
     schema = response_schema(3, version)
     topic_ops = topic_operations(operations[0])
     if every_topic:
@@ -58,7 +59,8 @@ def _response(view: ClusterView, version: int, requested, every_topic: bool,
         schema,
         throttle_time=NO_THROTTLE,
         brokers=tuple(
-            build(broker_schema, node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+            build(broker_schema, node_id=b.node_id, host=b.endpoint(listener)[0],
+                  port=b.endpoint(listener)[1], rack=b.rack)
             # Recently live brokers too (ClusterView.listed_brokers says why); a partition's
             # leader is named only while it is live.
             for b in sorted((view.listed_brokers or view.brokers).values(),
