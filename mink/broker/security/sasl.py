@@ -216,6 +216,8 @@ class SaslAuthenticator:
                 f"{self.connection.principal}: {principal}",
                 f"re-authentication as {principal} instead of {self.connection.principal}")
         self.connection.principal = principal
+        if self.reauthenticating:
+            log.debug("%s re-authenticated as %s", self.connection.peer, principal)
         self.state = State.AUTHENTICATED
         self.reauthenticating = False
         self._scram = None

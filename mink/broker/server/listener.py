@@ -42,6 +42,9 @@ async def serve_kafka(node, listener: KafkaListener, max_frame_bytes: int, ssl_c
                 return
             if listener.protocol.sasl:
                 principal = ANONYMOUS  # SASL decides
+            elif principal is not ANONYMOUS:
+                log.debug("%s on listener %s is %s by its certificate", peer, listener.name,
+                          principal)
         await node.ready.wait()
         node.metrics.connection_opened()
         try:
