@@ -1,0 +1,54 @@
+"""Every advertised listener of every node is in PostgreSQL: a client on one listener is
+told the other nodes' endpoints of that same listener (Metadata, FindCoordinator,
+DescribeCluster), never another listener's."""
+
+from __future__ import annotations
+
+import trio
+from kio.index import load_request_schema
+
+from mink.protocol.apis import ApiKey
+from mink.protocol.messages import build
+from tests.support.security import create_users, endpoints, metadata, raw_client, sasl_plain
+
+
+async def test_three_nodes_answer_with_the_listener_asked(mink_postgres):
+    from mink.testing import open_cluster
+
+    async with open_cluster(3, mink_postgres, proxy=False,
+                            listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+                            advertised_listeners="PLAINTEXT://127.0.0.1:0,"
+                                                 "SASL_PLAINTEXT://localhost:0",
+                            offsets_topic_num_partitions=3) as cluster:
+        where = {n.node_id: endpoints(n) for n in cluster.nodes}
+        assert all(e["SASL_PLAINTEXT"].startswith("localhost:") for e in where.values())
+        await trio.to_thread.run_sync(create_users, where[1]["PLAINTEXT"], {"u": "p"})
+
+        async def listed(client) -> dict[int, str]:
+            with trio.fail_after(20):
+                while True:  # until every node is in this node's view
+                    meta = await metadata(client)
+                    if len(meta.brokers) == 3:
+                        return {b.node_id: f"{b.host}:{b.port}" for b in meta.brokers}
+                    await trio.sleep(0.1)
+
+        async with raw_client(where[1]["PLAINTEXT"]) as client:
+            assert await listed(client) == {i: e["PLAINTEXT"] for i, e in where.items()}
+        sasl = where[2]["SASL_PLAINTEXT"].replace("localhost", "127.0.0.1")
+        async with raw_client(sasl) as client:
+            assert (await sasl_plain(client, "u", "p")).error_code == 0
+            assert await listed(client) == {i: e["SASL_PLAINTEXT"] for i, e in where.items()}
+            with trio.fail_after(20):
+                while True:
+                    found = await client.call(ApiKey.FIND_COORDINATOR, 3, build(
+                        load_request_schema(ApiKey.FIND_COORDINATOR, 3), key="grp",
+                        key_type=0))
+                    if found.error_code == 0:
+                        break
+                    await trio.sleep(0.2)
+            assert f"{found.host}:{found.port}" == where[found.node_id]["SASL_PLAINTEXT"]
+            described = await client.call(ApiKey.DESCRIBE_CLUSTER, 0, build(
+                load_request_schema(ApiKey.DESCRIBE_CLUSTER, 0),
+                include_cluster_authorized_operations=False))
+            assert {b.broker_id: f"{b.host}:{b.port}" for b in described.brokers} == {
+                i: e["SASL_PLAINTEXT"] for i, e in where.items()}
