@@ -52,3 +52,27 @@ async def test_three_nodes_answer_with_the_listener_asked(mink_postgres):
                 include_cluster_authorized_operations=False))
             assert {b.broker_id: f"{b.host}:{b.port}" for b in described.brokers} == {
                 i: e["SASL_PLAINTEXT"] for i, e in where.items()}
+
+
+async def test_the_forwarding_marker_counts_only_on_the_inter_broker_listener(mink_postgres):
+    """A client sending the client id nodes forward with gains nothing (no quota exemption)
+    on any listener but the inter-broker one."""
+    from kio.schema.errors import ErrorCode
+
+    from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
+    from mink.testing import open_node
+    from tests.test_quotas import alter, api_versions_for
+
+    async with open_node(mink_postgres, proxy=False,
+                         listeners="INTERNAL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0",
+                         listener_security_protocol_map="INTERNAL:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                         inter_broker_listener_name="INTERNAL") as running:
+        where = endpoints(running)
+        assert running.bootstrap == where["INTERNAL"]
+        assert await trio.to_thread.run_sync(alter, where["PLAINTEXT"], [
+            ([("client-id", None)], [("request_percentage", 0.01, False)])]) == [
+                (ErrorCode.none, None)]
+        _, throttles, _ = await api_versions_for(where["PLAINTEXT"], FORWARDED_CLIENT_ID, 1.0)
+        assert throttles
+        _, throttles, _ = await api_versions_for(where["INTERNAL"], FORWARDED_CLIENT_ID, 1.0)
+        assert not throttles

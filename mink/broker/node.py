@@ -59,6 +59,7 @@ class Node:
         # every advertised listener: (name, security protocol, host, port), set by _serve.
         self.advertised: tuple[str, int] = config.advertised_address()
         self.endpoints: list[tuple[str, str, str, int]] = []
+        self.inter_broker_listener = "PLAINTEXT"  # its name, set by _serve
         self.principal_mapper = PrincipalMapper(config.ssl_principal_mapping_rules)
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None  # the partitions it leads, one per node epoch
@@ -131,7 +132,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                  on_started: Callable[[Node], None] | None = None) -> None:
     config = node.config
     listeners, advertised = config.kafka_listeners()
-    inter_broker = config.inter_broker_listener()
+    inter_broker = node.inter_broker_listener = config.inter_broker_listener()
     context = (server_context(config) if any(lst.protocol.tls for lst in listeners)
                else None)
     bind_node(node)  # every log line of this node's tasks names it (mink/broker/logs.py)

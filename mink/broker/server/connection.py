@@ -65,8 +65,10 @@ class RequestContext:
         self.throttle = 0.0
         self.throttle_kind = "fetch"
         # Requests one node forwards to another are not charged: Kafka exempts its
-        # inter-broker requests from quotas too.
-        self.quota_exempt = request.header.client_id == FORWARDED_CLIENT_ID
+        # inter-broker requests from quotas too. Only on the inter-broker listener: a client
+        # on any other listener sending the marker gains nothing.
+        self.quota_exempt = (request.header.client_id == FORWARDED_CLIENT_ID
+                             and connection.inter_broker)
         # Set by a handler whose response is the last on this connection (a failed
         # authentication): it is sent, then the connection is closed.
         self.close_after = False
@@ -123,6 +125,8 @@ class Connection:
         # client certificate, the SASL user once SASL authenticated it.
         self.principal: KafkaPrincipal = principal
         self.listener_name = listener.name if listener is not None else None
+        self.inter_broker = listener is None or listener.name == getattr(
+            node, "inter_broker_listener", listener.name)
         self.sasl: SaslAuthenticator | None = (
             SaslAuthenticator(node, self)
             if listener is not None and listener.protocol.sasl else None)
@@ -278,8 +282,9 @@ class Connection:
 
     def _under_request_quota(self, frame: bytes) -> bool:
         client_id = peek_client_id(frame) or ""
-        return client_id != FORWARDED_CLIENT_ID and self.node.quotas.request.quota(
-            self.principal.name, client_id) is not None
+        if client_id == FORWARDED_CLIENT_ID and self.inter_broker:
+            return False
+        return self.node.quotas.request.quota(self.principal.name, client_id) is not None
 
     def _charge(self, ctx: RequestContext, timer, task) -> float:
         """The request's throttle in seconds: the largest of its byte-rate quota's (a
