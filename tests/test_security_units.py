@@ -180,3 +180,12 @@ async def test_alter_user_scram_credentials_refusals(node):
             schema, deletions=(ScramCredentialDeletion(name="fine", mechanism=2),),
             upsertions=()))
         assert response.results[0].error_code == ErrorCode.none
+
+
+async def test_the_security_benchmark_runs(tmp_path):
+    """benchmarks/security.py's code path (a half-second round per listener, no figures)."""
+    from benchmarks.security import measure, summary
+
+    runs = await measure(1, 0.5)
+    assert all(r[0]["messages"] > 0 for r in runs.values())
+    assert set(summary(runs)) == {"PLAINTEXT", "SASL_SSL", "sasl_ssl_vs_plaintext_pct"}
