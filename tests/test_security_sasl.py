@@ -320,3 +320,59 @@ async def test_metadata_answers_the_endpoints_of_the_listener_asked(secure, cert
             load_request_schema(ApiKey.DESCRIBE_CLUSTER, 0),
             include_cluster_authorized_operations=False))
         assert [f"{b.host}:{b.port}" for b in cluster.brokers] == [secure["SASL_PLAINTEXT"]]
+
+
+@pytest.mark.parametrize("mechanism, tokens", [
+    ("SCRAM-SHA-512", [b"\xff\xfe"]),
+    ("SCRAM-SHA-512", [b"garbage"]),
+    ("SCRAM-SHA-512", [b"p=tls-unique,,n=alice,r=abc"]),
+    ("SCRAM-SHA-512", [b"n,,n=alice,r=abc", b"c=biws,r=abc,p=!!notbase64"]),
+    ("SCRAM-SHA-512", [b"n,,n=alice,r=abc", b"no proof here"]),
+    ("SCRAM-SHA-256", [b"n,,n=alice,r=abc"]),  # alice has no SCRAM-SHA-256 credential
+    ("PLAIN", [b"only\0two"]),
+    ("PLAIN", [b"other\0alice\0alice-secret"]),  # authzid differs
+])
+async def test_malformed_sasl_exchanges_fail_cleanly(secure, mechanism, tokens):
+    async with raw_client(secure["SASL_PLAINTEXT"]) as client:
+        handshake = await client.call(ApiKey.SASL_HANDSHAKE, 1, build(
+            load_request_schema(ApiKey.SASL_HANDSHAKE, 1), mechanism=mechanism))
+        assert handshake.error_code == ErrorCode.none
+        response = None
+        for token in tokens:
+            response = await client.call(ApiKey.SASL_AUTHENTICATE, 2, build(
+                load_request_schema(ApiKey.SASL_AUTHENTICATE, 2), auth_bytes=token))
+            if response.error_code:
+                break
+        assert response.error_code == ErrorCode.sasl_authentication_failed
+        assert await closed_within(client, 5)
+    async with raw_client(secure["SASL_PLAINTEXT"]) as client:  # the node still serves
+        assert (await sasl_plain(client, "alice", USERS["alice"])).error_code == 0
+
+
+async def test_sasl_authenticate_without_handshake_closes(secure):
+    async with raw_client(secure["SASL_PLAINTEXT"]) as client:
+        await client.send(ApiKey.SASL_AUTHENTICATE, 2, build(
+            load_request_schema(ApiKey.SASL_AUTHENTICATE, 2), auth_bytes=b"\0a\0b"))
+        assert await closed_within(client, 5)
+
+
+async def test_authentications_are_counted_per_listener(mink_postgres, store_url):
+    from mink.storage.embedded_postgres import free_port
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+                         admin_listener=f"127.0.0.1:{free_port()}",
+                         connection_failed_authentication_delay_ms=0) as running:
+        where = endpoints(running)
+        await trio.to_thread.run_sync(create_users, where["PLAINTEXT"], USERS)
+        for password in (USERS["alice"], "wrong", USERS["alice"]):
+            async with raw_client(where["SASL_PLAINTEXT"]) as client:
+                await sasl_plain(client, "alice", password)
+        registry = running.node.metrics.registry
+
+        def count(result: str) -> float | None:
+            return registry.get_sample_value("mink_authentications_total", {
+                "listener": "SASL_PLAINTEXT", "mechanism": "PLAIN", "result": result})
+
+        assert (count("success"), count("failure")) == (2.0, 1.0)

@@ -125,6 +125,8 @@ class SaslAuthenticator:
             return ErrorCode.illegal_sasl_state, True
         if mechanism not in self.mechanisms:
             self.state = State.FAILED
+            self.node.metrics.authentication(self.connection.listener_name or "",
+                                             mechanism[:32], "failure")
             log.info("failed authentication with %s (unsupported SASL mechanism %s)",
                      self.connection.peer, mechanism)
             return ErrorCode.unsupported_sasl_mechanism, True
@@ -216,6 +218,9 @@ class SaslAuthenticator:
                 f"{self.connection.principal}: {principal}",
                 f"re-authentication as {principal} instead of {self.connection.principal}")
         self.connection.principal = principal
+        self.node.metrics.authentication(
+            self.connection.listener_name or "", self.mechanism or "",
+            "reauthentication" if self.reauthenticating else "success")
         if self.reauthenticating:
             log.debug("%s re-authenticated as %s", self.connection.peer, principal)
         self.state = State.AUTHENTICATED
@@ -232,6 +237,8 @@ class SaslAuthenticator:
 
     def _fail_now(self, message: str, reason: str) -> Outcome:
         self.state = State.FAILED
+        self.node.metrics.authentication(self.connection.listener_name or "",
+                                         self.mechanism or "", "failure")
         log.info("failed authentication with %s (%s)", self.connection.peer, reason)
         return Outcome(ErrorCode.sasl_authentication_failed, message, close=True)
 

@@ -39,10 +39,12 @@ async def serve_kafka(node, listener: KafkaListener, max_frame_bytes: int, ssl_c
             except TlsRefused as exc:
                 log.info("failed authentication with %s on listener %s (%s)", peer,
                          listener.name, exc)
+                node.metrics.authentication(listener.name, "SSL", "failure")
                 return
             if listener.protocol.sasl:
                 principal = ANONYMOUS  # SASL decides
             elif principal is not ANONYMOUS:
+                node.metrics.authentication(listener.name, "SSL", "success")
                 log.debug("%s on listener %s is %s by its certificate", peer, listener.name,
                           principal)
         await node.ready.wait()
