@@ -76,3 +76,35 @@ async def test_the_forwarding_marker_counts_only_on_the_inter_broker_listener(mi
         assert throttles
         _, throttles, _ = await api_versions_for(where["INTERNAL"], FORWARDED_CLIENT_ID, 1.0)
         assert not throttles
+
+
+async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):
+    """A Produce to a node that does not lead the partition answers NOT_LEADER_OR_FOLLOWER
+    with the leader's endpoint (KIP-951) on the listener the request came in on."""
+    from kio.schema.errors import ErrorCode
+
+    from mink.testing import open_cluster
+    from tests.support.batches import records_batch, values
+    from tests.support.raw import produce_request
+
+    async with open_cluster(2, mink_postgres, proxy=False,
+                            listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+                            offsets_topic_num_partitions=1) as cluster:
+        where = {n.node_id: endpoints(n) for n in cluster.nodes}
+        await trio.to_thread.run_sync(create_users, where[1]["PLAINTEXT"], {"u": "p"})
+        await cluster.create_topic("t951", 2)
+        leaders = cluster.leaders("t951")
+        with trio.fail_after(20):  # every node sees both nodes
+            while not all(len(n.node.view.brokers) == 2 for n in cluster.nodes):
+                await trio.sleep(0.05)
+        partition, leader = next(iter(leaders.items()))
+        other = 2 if leader == 1 else 1
+        async with raw_client(where[other]["SASL_PLAINTEXT"]) as client:
+            assert (await sasl_plain(client, "u", "p")).error_code == 0
+            response = await client.call(ApiKey.PRODUCE, 10, produce_request(
+                "t951", partition, records_batch(values(1)), version=10))
+        answer = response.responses[0].partition_responses[0]
+        assert answer.error_code == ErrorCode.not_leader_or_follower
+        assert answer.current_leader.leader_id == leader
+        assert [(e.node_id, f"{e.host}:{e.port}") for e in response.node_endpoints] == [
+            (leader, where[leader]["SASL_PLAINTEXT"])]
