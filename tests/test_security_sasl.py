@@ -265,6 +265,12 @@ async def test_requests_before_authentication_close_the_connection(secure):
         assert response.error_code == ErrorCode.unsupported_sasl_mechanism
         assert set(response.mechanisms) == {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
         assert await closed_within(client, 5)
+    # v0 (raw tokens after it) is advertised for old librdkafka but refused
+    async with raw_client(secure["SASL_PLAINTEXT"]) as client:
+        response = await client.call(ApiKey.SASL_HANDSHAKE, 0, build(
+            load_request_schema(ApiKey.SASL_HANDSHAKE, 0), mechanism="PLAIN"))
+        assert response.error_code == ErrorCode.unsupported_version
+        assert await closed_within(client, 5)
     # SaslHandshake on a listener without SASL: ILLEGAL_SASL_STATE, as Kafka
     async with raw_client(secure["PLAINTEXT"]) as client:
         response = await client.call(ApiKey.SASL_HANDSHAKE, 1, build(
@@ -376,3 +382,12 @@ async def test_authentications_are_counted_per_listener(mink_postgres, store_url
                 "listener": "SASL_PLAINTEXT", "mechanism": "PLAIN", "result": result})
 
         assert (count("success"), count("failure")) == (2.0, 1.0)
+
+
+async def test_a_changed_password_applies_to_the_next_login(secure):
+    await trio.to_thread.run_sync(create_users, secure["PLAINTEXT"], {"alice": "new-secret"})
+    async with raw_client(secure["SASL_PLAINTEXT"]) as client:
+        assert (await sasl_plain(client, "alice", USERS["alice"])).error_code == (
+            ErrorCode.sasl_authentication_failed)
+    async with raw_client(secure["SASL_PLAINTEXT"]) as client:
+        assert (await sasl_plain(client, "alice", "new-secret")).error_code == ErrorCode.none
