@@ -108,3 +108,20 @@ async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):
         assert answer.current_leader.leader_id == leader
         assert [(e.node_id, f"{e.host}:{e.port}") for e in response.node_endpoints] == [
             (leader, where[leader]["SASL_PLAINTEXT"])]
+
+
+async def test_endpoints_are_written_only_by_the_current_registration(mink_postgres):
+    from mink.storage.controlplane.security import set_node_endpoints
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, proxy=False,
+                         listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"
+                         ) as running:
+        node = running.node
+        epoch = node.membership.node_epoch
+        stale = [("PLAINTEXT", "PLAINTEXT", "elsewhere", 1)]
+        assert not await running.call(set_node_endpoints, node.metadata, 1, epoch - 1, stale)
+        assert not await running.call(set_node_endpoints, node.metadata, 1, epoch + 1, stale)
+        view = await running.call(node.metadata.view)
+        assert [list(e) for e in view.nodes[0].endpoints] == sorted(
+            [list(e) for e in node.endpoints])

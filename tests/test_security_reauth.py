@@ -21,7 +21,7 @@ from tests.support.security import (
 )
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
-REAUTH_MS = 1500
+REAUTH_MS = 2500
 
 
 @pytest.fixture
@@ -86,6 +86,6 @@ async def test_librdkafka_reauthenticates_and_keeps_producing(reauth, caplog):
         producer.flush(30)
         return len(delivered), errors
 
-    delivered, errors = await trio.to_thread.run_sync(produce_for, 3 * REAUTH_MS / 1000)
+    delivered, errors = await trio.to_thread.run_sync(produce_for, 2 * REAUTH_MS / 1000)
     assert not errors and delivered > 10
     assert "re-authenticated as User:alice" in caplog.text

@@ -153,7 +153,6 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
         node.advertised = next((e[2], e[3]) for e in node.endpoints if e[0] == inter_broker)
         nursery.start_soon(node.quotas.run)
         await node.membership.open_store()
-        await set_node_endpoints(node.metadata, node.node_id, node.endpoints)
         try:
             await node.membership.register_at_start()
         except BaseException:
@@ -161,6 +160,12 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                 await node.membership.close_store()
             raise
         try:
+            # after registering: a process refused the node id must not overwrite the live
+            # one's endpoints (the write is fenced by the node epoch)
+            if not await set_node_endpoints(node.metadata, node.node_id,
+                                            node.membership.node_epoch, node.endpoints):
+                log.warning("advertised listeners not stored: node epoch %d is not current",
+                            node.membership.node_epoch)
             await node.membership.start_streams()
             node.ready.set()
             nursery.start_soon(node.membership.renewal_loop)

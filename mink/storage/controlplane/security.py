@@ -26,7 +26,8 @@ RETURNING user_name"""
 SQL_DELETE_CREDENTIAL = """
 DELETE FROM scram_credentials WHERE user_name = %s AND mechanism = %s RETURNING user_name"""
 SQL_SET_NODE_ENDPOINTS = """
-SELECT mink_set_node_endpoints(%s::int, %s::text[], %s::text[], %s::text[], %s::int[])"""
+SELECT mink_set_node_endpoints(%s::int, %s::bigint, %s::text[], %s::text[], %s::text[],
+                               %s::int[])"""
 
 
 async def credentials_of(store: MetadataStore, user: str) -> list[CredentialRow]:
@@ -48,12 +49,14 @@ async def delete_credential(store: MetadataStore, user: str, mechanism: str) -> 
     return await store.fetch_one(WRITE, SQL_DELETE_CREDENTIAL, (user, mechanism)) is not None
 
 
-async def set_node_endpoints(store: MetadataStore, node_id: int,
-                             endpoints: Sequence[tuple[str, str, str, int]]) -> None:
-    """Replace the node's advertised listeners: (name, security protocol, host, port)."""
-    await store.fetch_one(IDEMPOTENT, SQL_SET_NODE_ENDPOINTS, (
-        node_id, [e[0] for e in endpoints], [e[1] for e in endpoints],
+async def set_node_endpoints(store: MetadataStore, node_id: int, node_epoch: int,
+                             endpoints: Sequence[tuple[str, str, str, int]]) -> bool:
+    """Replace the node's advertised listeners: (name, security protocol, host, port).
+    False (nothing written) unless node_epoch is its current, live registration."""
+    row = await store.fetch_one(IDEMPOTENT, SQL_SET_NODE_ENDPOINTS, (
+        node_id, node_epoch, [e[0] for e in endpoints], [e[1] for e in endpoints],
         [e[2] for e in endpoints], [int(e[3]) for e in endpoints]))
+    return bool(row and row[0])
 
 
 __all__ = ["CredentialRow", "credentials_of", "delete_credential", "described_credentials",
