@@ -59,3 +59,42 @@ async def test_mink_users_add_list_delete(sasl_node):
     done = await trio.to_thread.run_sync(lambda: _mink(
         "users", "delete", "root", "--postgres-url", url))
     assert done.returncode == 1
+
+
+async def test_mink_topics_and_quotas_over_sasl_ssl(mink_postgres, store_url, tmp_path):
+    """The tools reach a SASL_SSL listener with --command-config (librdkafka's property
+    names), with SCRAM-SHA-512 and PLAIN; a wrong password is reported, not a crash."""
+    from mink.testing import open_node
+    from tests.support.security import create_users, security_settings
+    from tests.support.tls import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         **security_settings(certs)) as running:
+        where = endpoints(running)
+        await trio.to_thread.run_sync(create_users, where["PLAINTEXT"], {"ops": "ops-pw"})
+
+        def props(mechanism: str, password: str = "ops-pw") -> str:
+            path = tmp_path / f"{mechanism}-{password}.properties"
+            path.write_text(f"security.protocol=SASL_SSL\nsasl.mechanism={mechanism}\n"
+                            f"sasl.username=ops\nsasl.password={password}\n"
+                            f"ssl.ca.location={certs.ca}\n")
+            return str(path)
+
+        bootstrap = where["SASL_SSL"]
+        done = await trio.to_thread.run_sync(lambda: _mink(
+            "topics", "create", "secured", "--partitions", "2", "--bootstrap-server",
+            bootstrap, "--command-config", props("SCRAM-SHA-512")))
+        assert done.returncode == 0, done.stderr
+        listed = await trio.to_thread.run_sync(lambda: _mink(
+            "topics", "list", "--bootstrap-server", bootstrap, "--command-config",
+            props("PLAIN")))
+        assert "secured" in listed.stdout.split(), listed
+        quotas = await trio.to_thread.run_sync(lambda: _mink(
+            "quotas", "describe", "--bootstrap-server", bootstrap, "--command-config",
+            props("SCRAM-SHA-512")))
+        assert quotas.returncode == 0, quotas.stderr
+        wrong = await trio.to_thread.run_sync(lambda: _mink(
+            "topics", "list", "--bootstrap-server", bootstrap, "--command-config",
+            props("SCRAM-SHA-512", "nope")))
+        assert wrong.returncode == 1 and "SASL_AUTHENTICATION_FAILED" in wrong.stderr, wrong

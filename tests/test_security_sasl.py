@@ -391,3 +391,17 @@ async def test_a_changed_password_applies_to_the_next_login(secure):
             ErrorCode.sasl_authentication_failed)
     async with raw_client(secure["SASL_PLAINTEXT"]) as client:
         assert (await sasl_plain(client, "alice", "new-secret")).error_code == ErrorCode.none
+
+
+async def test_minks_own_client_speaks_sasl_ssl(secure, certs):
+    from mink.client import ClientSecurity, KafkaClient, KafkaClientError
+
+    security = ClientSecurity("SASL_SSL", "SCRAM-SHA-256", "carol", "carol-secret",
+                              ca_file=str(certs.ca))
+    await trio.to_thread.run_sync(lambda: create_users(
+        secure["PLAINTEXT"], {"carol": "carol-secret"}, "SCRAM-SHA-256"))
+    async with await KafkaClient.connect(secure["SASL_SSL"], security=security) as client:
+        assert len((await metadata(client)).brokers) == 1
+    with pytest.raises(KafkaClientError, match="SASL_AUTHENTICATION_FAILED"):
+        await KafkaClient.connect(secure["SASL_SSL"], security=ClientSecurity(
+            "SASL_SSL", "SCRAM-SHA-256", "carol", "wrong", ca_file=str(certs.ca)))

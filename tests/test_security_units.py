@@ -12,7 +12,7 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from mink.broker.config import ConfigError, load_config
-from mink.broker.security import scram
+from mink.protocol import scram
 from mink.broker.security.listeners import (
     ListenerError,
     SecurityProtocol,

@@ -23,7 +23,7 @@ import trio
 import trio_asyncio
 
 from mink.broker.config import load_config
-from mink.broker.security.scram import MECHANISMS, new_credential
+from mink.protocol.scram import MECHANISMS, new_credential
 from mink.storage.controlplane import MetadataStore, MetadataUnavailable
 from mink.storage.controlplane.security import (
     delete_credential,

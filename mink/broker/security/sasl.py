@@ -21,7 +21,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.protocol.apis import ApiKey
 
-from mink.broker.security import scram
+from mink.protocol import scram
 from mink.broker.security.principal import USER_TYPE, KafkaPrincipal
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """AlterUserScramCredentials (API 51, KIP-554): upsert or delete users' SCRAM credentials.
 The client sends the salted password (PBKDF2 done on its side); the node keeps only the
-stored key and server key derived from it (`mink/broker/security/scram.py`). One result per
+stored key and server key derived from it (`mink/protocol/scram.py`). One result per
 user; a user with any invalid operation has none of them applied, as in Kafka."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.security.scram import BY_CODE, credential_from_salted
+from mink.protocol.scram import BY_CODE, credential_from_salted
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane.security import (

@@ -7,7 +7,7 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.security.scram import MECHANISMS
+from mink.protocol.scram import MECHANISMS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane.security import described_credentials

@@ -1,6 +1,7 @@
-"""SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677), the server side, as Kafka's
-ScramSaslServer; and the credential formulas shared with AlterUserScramCredentials and
-PLAIN. Pure: no I/O (the caller looks the credential up and runs PBKDF2 off the event loop).
+"""SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677): the server side, as Kafka's
+ScramSaslServer (`mink/broker/security/sasl.py` runs it); the client side, for Mink's own
+tools (`mink/client.py`); and the credential formulas shared with AlterUserScramCredentials
+and PLAIN. Pure: no I/O (callers look credentials up and run PBKDF2 off the event loop).
 """
 
 from __future__ import annotations
@@ -175,6 +176,49 @@ class ScramServer:
         return b"v=" + base64.b64encode(server_signature)
 
 
+def _saslname_encode(value: str) -> str:
+    return value.replace("=", "=3D").replace(",", "=2C")
+
+
+class ScramClient:
+    """The client's side of one exchange: `first()`, then `final(server_first)`, then
+    `verify(server_final)`."""
+
+    def __init__(self, mechanism: ScramMechanism, username: str, password: str) -> None:
+        self.mechanism = mechanism
+        self._bare = f"n={_saslname_encode(username)},r={base64.b64encode(os.urandom(24)).decode()}"
+        self._nonce = self._bare.split(",r=", 1)[1]
+        self._password = password.encode()
+        self._server_signature = b""
+
+    def first(self) -> bytes:
+        return f"n,,{self._bare}".encode()
+
+    def final(self, server_first: bytes) -> bytes:
+        text = server_first.decode("utf-8")
+        attrs = _attributes(text)
+        nonce, salt, iterations = attrs.get("r", ""), attrs.get("s", ""), attrs.get("i", "")
+        if not nonce.startswith(self._nonce) or not iterations.isdigit():
+            raise ScramError("malformed server-first message")
+        m = self.mechanism
+        salted = salted_password(m, self._password, base64.b64decode(salt), int(iterations))
+        without_proof = f"c=biws,r={nonce}"
+        auth_message = ",".join((self._bare, text, without_proof)).encode()
+        client_key = _hmac(m, salted, b"Client Key")
+        signature = _hmac(m, _h(m, client_key), auth_message)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature))
+        self._server_signature = _hmac(m, _hmac(m, salted, b"Server Key"), auth_message)
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+    def verify(self, server_final: bytes) -> None:
+        attrs = _attributes(server_final.decode("utf-8"))
+        if "e" in attrs:
+            raise ScramError(f"the server refused: {attrs['e']}")
+        if not hmac.compare_digest(base64.b64decode(attrs.get("v", "")),
+                                   self._server_signature):
+            raise ScramError("the server's signature does not match: not the real server")
+
+
 __all__ = ["BY_CODE", "MECHANISMS", "SCRAM_SHA_256", "SCRAM_SHA_512", "ScramCredential",
-           "ScramError", "ScramMechanism", "ScramServer", "credential_from_salted",
+           "ScramClient", "ScramError", "ScramMechanism", "ScramServer", "credential_from_salted",
            "new_credential", "password_matches", "salted_password"]
