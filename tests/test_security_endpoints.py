@@ -125,3 +125,54 @@ async def test_endpoints_are_written_only_by_the_current_registration(mink_postg
         view = await running.call(node.metadata.view)
         assert [list(e) for e in view.nodes[0].endpoints] == sorted(
             [list(e) for e in node.endpoints])
+
+
+async def test_forwarding_between_nodes_over_sasl_ssl(mink_postgres, tmp_path):
+    """No PLAINTEXT listener at all: the nodes forward coordinator actions to each other over
+    their SASL_SSL inter-broker listener, logged in as a SCRAM user; the forwarded request
+    is answered."""
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+
+    from mink.client import ClientSecurity, KafkaClient
+    from mink.protocol.messages import nested
+    from mink.protocol.scram import SCRAM_SHA_512, new_credential
+    from mink.storage.controlplane.security import upsert_credential
+    from mink.testing import open_cluster
+    from tests.support.tls import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+
+    async with open_cluster(2, mink_postgres, proxy=False,
+                            listeners="SASL_SSL://127.0.0.1:0",
+                            ssl_cert_file=str(certs.server_cert),
+                            ssl_key_file=str(certs.server_key), ssl_ca_file=str(certs.ca),
+                            inter_broker_sasl_username="broker",
+                            inter_broker_sasl_password="broker-pw",
+                            offsets_topic_num_partitions=1) as cluster:
+        first = cluster.nodes[0]
+        for user, password in (("broker", "broker-pw"), ("admin", "admin-pw")):
+            c = new_credential(SCRAM_SHA_512, password)
+            await first.call(upsert_credential, first.node.metadata, (
+                user, SCRAM_SHA_512.name, c.salt, c.stored_key, c.server_key, c.iterations))
+        with trio.fail_after(20):
+            while any(n.node.view.coordinator is None or len(n.node.view.brokers) < 2
+                      for n in cluster.nodes):
+                await trio.sleep(0.05)
+        coordinator = first.node.view.coordinator
+        other = next(n for n in cluster.nodes if n.node_id != coordinator)
+        security = ClientSecurity("SASL_SSL", "SCRAM-SHA-512", "admin", "admin-pw",
+                                  ca_file=str(certs.ca))
+        schema = load_request_schema(ApiKey.CREATE_TOPICS, 5)
+        body = build(schema, topics=(build(
+            nested(schema, "CreatableTopic"), name="forwarded", num_partitions=2,
+            replication_factor=-1, assignments=(), configs=()),),
+            timeout=datetime.timedelta(seconds=20), validate_only=False)
+        async with await KafkaClient.connect(endpoints(other)["SASL_SSL"],
+                                             security=security) as client:
+            response = await client.call(ApiKey.CREATE_TOPICS, 5, body)
+        assert response.topics[0].error_code == ErrorCode.none, response
+        with trio.fail_after(20):
+            while "forwarded" not in other.node.view.topics:
+                await trio.sleep(0.05)

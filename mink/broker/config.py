@@ -30,12 +30,18 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Kafka's listener model (mink/broker/security/listeners.py): NAME://HOST:PORT entries,
     # comma-separated. When `listeners` is set it replaces `listener` (which stays the
     # single PLAINTEXT listener otherwise). inter_broker_listener_name: the listener written
-    # as the node's address (what forwarding between nodes connects to; PLAINTEXT for now);
-    # the first listener when unset.
+    # as the node's address (what forwarding between nodes connects to); the first listener
+    # when unset.
     listeners: str | None = None
     advertised_listeners: str | None = None
     listener_security_protocol_map: str = DEFAULT_PROTOCOL_MAP
     inter_broker_listener_name: str | None = None
+    # How a node logs in to the others' inter-broker listener when it uses SASL (a SCRAM
+    # user like any other; Kafka's sasl.mechanism.inter.broker.protocol and its JAAS entry).
+    # Over TLS the node checks their certificates against ssl_ca_file and shows its own.
+    inter_broker_sasl_mechanism: str = "SCRAM-SHA-512"
+    inter_broker_sasl_username: str | None = None
+    inter_broker_sasl_password: str | None = None
     # TLS (SSL and SASL_SSL listeners): PEM files. ssl_client_auth: none, requested or
     # required (Kafka's ssl.client.auth); a client certificate's subject DN becomes the
     # principal through ssl_principal_mapping_rules (Kafka's syntax: DEFAULT, RULE:...).
@@ -255,11 +261,12 @@ def check_security(config: Config) -> None:
     bound, _ = config.kafka_listeners()
     name = config.inter_broker_listener()
     inter = next(b for b in bound if b.name == name)
-    if inter.protocol is not SecurityProtocol.PLAINTEXT:
+    if inter.protocol.sasl and not (config.inter_broker_sasl_username
+                                    and config.inter_broker_sasl_password):
         raise ConfigError(
-            f"the inter-broker listener {name} is {inter.protocol.value}: forwarding between "
-            "nodes speaks PLAINTEXT only for now; add a PLAINTEXT listener on a private "
-            "interface and name it in inter_broker_listener_name")
+            f"the inter-broker listener {name} is {inter.protocol.value}: set "
+            "inter_broker_sasl_username and inter_broker_sasl_password (a SCRAM user) for "
+            "the nodes to log in to each other")
     if config.ssl_client_auth not in SSL_CLIENT_AUTH:
         raise ConfigError(f"ssl_client_auth must be one of {', '.join(SSL_CLIENT_AUTH)}")
     if any(b.protocol.tls for b in bound) and not (config.ssl_cert_file and config.ssl_key_file):
@@ -271,7 +278,10 @@ def check_security(config: Config) -> None:
     from mink.broker.security.ssl_principal import PrincipalMapper
 
     try:
-        enabled_mechanisms(config.sasl_enabled_mechanisms)
+        if config.inter_broker_sasl_mechanism.upper() not in enabled_mechanisms(
+                config.sasl_enabled_mechanisms):
+            raise ValueError(f"inter_broker_sasl_mechanism {config.inter_broker_sasl_mechanism}"
+                             " is not in sasl_enabled_mechanisms")
         PrincipalMapper(config.ssl_principal_mapping_rules)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

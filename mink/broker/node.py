@@ -32,12 +32,13 @@ from mink.broker.quotas.manager import QuotaManager
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.security.listeners import advertise
 from mink.broker.security.ssl_principal import PrincipalMapper
-from mink.broker.security.tls import server_context
+from mink.broker.security.tls import inter_broker_security, server_context
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.admin import TopicAdmin
 from mink.broker.transactions.coordinator import TransactionCoordinator
 from mink.broker.transactions.markers import MarkerWriter
 from mink.broker.transactions.producer_ids import ProducerIdBlock
+from mink.client import ClientSecurity
 from mink.storage.log import PartitionLog
 from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.security import set_node_endpoints
@@ -60,6 +61,8 @@ class Node:
         self.advertised: tuple[str, int] = config.advertised_address()
         self.endpoints: list[tuple[str, str, str, int]] = []
         self.inter_broker_listener = "PLAINTEXT"  # its name, set by _serve
+        # how it reaches the other nodes' inter-broker listener (forwarding)
+        self.inter_broker_security: ClientSecurity | None = None
         self.principal_mapper = PrincipalMapper(config.ssl_principal_mapping_rules)
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None  # the partitions it leads, one per node epoch
@@ -151,6 +154,8 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
              a.host or bound[a.name][0],
              bound[a.name][1] if a.port == 0 else a.port) for a in shown]
         node.advertised = next((e[2], e[3]) for e in node.endpoints if e[0] == inter_broker)
+        node.inter_broker_security = inter_broker_security(
+            config, next(lst for lst in listeners if lst.name == inter_broker))
         nursery.start_soon(node.quotas.run)
         await node.membership.open_store()
         try:

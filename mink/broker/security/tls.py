@@ -9,6 +9,7 @@ import ssl
 import trio
 
 from mink.broker.security.principal import ANONYMOUS, USER_TYPE, KafkaPrincipal
+from mink.client import ClientSecurity
 from mink.broker.security.ssl_principal import NoMatchingRule, subject_dn
 
 HANDSHAKE_TIMEOUT = 10.0
@@ -56,3 +57,17 @@ async def accept_tls(node, stream: trio.SocketStream, context: ssl.SSLContext,
     except BaseException:
         await trio.aclose_forcefully(tls)
         raise
+
+
+def inter_broker_security(config, listener) -> ClientSecurity | None:
+    """How this node reaches the other nodes' inter-broker listener (`listener`, theirs is
+    configured alike): None for PLAINTEXT; over TLS it trusts ssl_ca_file and shows its own
+    certificate; over SASL it logs in as inter_broker_sasl_username."""
+    if listener.protocol.value == "PLAINTEXT":
+        return None
+    return ClientSecurity(
+        protocol=listener.protocol.value, mechanism=config.inter_broker_sasl_mechanism.upper(),
+        username=config.inter_broker_sasl_username,
+        password=config.inter_broker_sasl_password, ca_file=config.ssl_ca_file,
+        cert_file=config.ssl_cert_file if listener.protocol.tls else None,
+        key_file=config.ssl_key_file if listener.protocol.tls else None)

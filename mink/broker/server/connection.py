@@ -125,7 +125,7 @@ class Connection:
         # client certificate, the SASL user once SASL authenticated it.
         self.principal: KafkaPrincipal = principal
         self.listener_name = listener.name if listener is not None else None
-        self.inter_broker = listener is None or listener.name == getattr(
+        self._on_inter_broker_listener = listener is None or listener.name == getattr(
             node, "inter_broker_listener", listener.name)
         self.sasl: SaslAuthenticator | None = (
             SaslAuthenticator(node, self)
@@ -142,6 +142,16 @@ class Connection:
             except (OSError, AttributeError):
                 peer = "?"
         self.peer = peer
+
+    @property
+    def inter_broker(self) -> bool:
+        """Whether this connection may be another node's: on the inter-broker listener,
+        and logged in as the inter-broker user when that listener uses SASL."""
+        if not self._on_inter_broker_listener:
+            return False
+        if self.sasl is None:
+            return True
+        return self.principal.name == self.node.config.inter_broker_sasl_username
 
     async def run(self) -> None:
         send_slot, receive_slot = trio.open_memory_channel[_Slot](MAX_IN_FLIGHT)
