@@ -4,12 +4,16 @@ and the tests.
 The logic (correlation ids, encoding with kio, decoding, version negotiation with
 ApiVersions) lives in `_Exchange`; `KafkaClient` carries it over a trio stream and
 `BlockingKafkaClient` over a blocking socket, for command-line tools and synchronous tests.
+Both speak the listeners' security protocols (`ClientSecurity`: TLS, SASL PLAIN and
+SCRAM-SHA-256/512), so the tools reach secured nodes too.
 """
 
 from __future__ import annotations
 
 import itertools
 import socket
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -19,8 +23,10 @@ from kio.schema.errors import ErrorCode
 from mink.protocol.apis import ApiKey
 from mink.protocol.framing import FrameReader
 from mink.protocol.messages import MalformedResponse, build, decode_response, encode_request
+from mink.protocol.scram import MECHANISMS, ScramClient, ScramError
 
-__all__ = ["BlockingKafkaClient", "KafkaClient", "KafkaClientError", "MalformedResponse"]
+__all__ = ["BlockingKafkaClient", "ClientSecurity", "KafkaClient", "KafkaClientError",
+           "MalformedResponse"]
 
 
 class KafkaClientError(Exception):
@@ -72,6 +78,99 @@ class _Exchange:
                                    f"(correlation id {received}, expected {sent})")
 
 
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How to reach a listener: librdkafka's settings (security.protocol, sasl.mechanism,
+    sasl.username, sasl.password, ssl.ca.location, ssl.certificate.location,
+    ssl.key.location)."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str = "SCRAM-SHA-512"
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> ClientSecurity:
+        return cls(protocol=props.get("security.protocol", "PLAINTEXT").upper(),
+                   mechanism=props.get("sasl.mechanism",
+                                       props.get("sasl.mechanisms", "SCRAM-SHA-512")).upper(),
+                   username=props.get("sasl.username"), password=props.get("sasl.password"),
+                   ca_file=props.get("ssl.ca.location"),
+                   cert_file=props.get("ssl.certificate.location"),
+                   key_file=props.get("ssl.key.location"))
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+class _SaslDialog:
+    """The tokens of one SASL login: `tokens(server_bytes)` is fed each SaslAuthenticate
+    answer and gives the next token, None when done."""
+
+    def __init__(self, security: ClientSecurity, address: str) -> None:
+        if security.username is None or security.password is None:
+            raise KafkaClientError(f"{address}: SASL needs sasl.username and sasl.password")
+        self.mechanism = security.mechanism
+        self.address = address
+        self._scram = None
+        if self.mechanism in MECHANISMS:
+            self._scram = ScramClient(MECHANISMS[self.mechanism], security.username,
+                                      security.password)
+            self._step = 0
+        elif self.mechanism == "PLAIN":
+            self._plain = f"\0{security.username}\0{security.password}".encode()
+        else:
+            raise KafkaClientError(f"SASL mechanism {self.mechanism} is not supported here")
+
+    def first(self) -> bytes:
+        return self._scram.first() if self._scram else self._plain
+
+    def next(self, answer: Any) -> bytes | None:
+        if answer.error_code != ErrorCode.none:
+            raise KafkaClientError(f"{self.address} refused the login: "
+                                   f"{ErrorCode(answer.error_code).name.upper()} "
+                                   f"({answer.error_message})")
+        if self._scram is None:
+            return None
+        try:
+            self._step += 1
+            if self._step == 1:
+                return self._scram.final(bytes(answer.auth_bytes))
+            self._scram.verify(bytes(answer.auth_bytes))
+            return None
+        except (ScramError, ValueError) as exc:
+            raise KafkaClientError(f"{self.address}: SCRAM failed: {exc}") from None
+
+
+def _handshake_body(mechanism: str) -> Any:
+    return build(load_request_schema(ApiKey.SASL_HANDSHAKE, 1), mechanism=mechanism)
+
+
+def _authenticate_body(token: bytes) -> Any:
+    return build(load_request_schema(ApiKey.SASL_AUTHENTICATE, 1), auth_bytes=token)
+
+
+def _check_handshake(address: str, response: Any) -> None:
+    if response.error_code != ErrorCode.none:
+        raise KafkaClientError(f"{address} refused SaslHandshake: "
+                               f"{ErrorCode(response.error_code).name.upper()} "
+                               f"(offers {', '.join(response.mechanisms)})")
+
+
 def _api_versions_request() -> Any:
     return build(load_request_schema(ApiKey.API_VERSIONS, 0))
 
@@ -86,16 +185,37 @@ class KafkaClient:
 
     @classmethod
     async def connect(cls, address: str, *, client_id: str = "mink",
-                      negotiate: bool = False) -> KafkaClient:
+                      negotiate: bool = False,
+                      security: ClientSecurity | None = None) -> KafkaClient:
         host, port = address.rsplit(":", 1)
         try:
             stream = await trio.open_tcp_stream(host, int(port))
         except OSError as exc:
             raise KafkaClientError(f"cannot reach {address}: {exc}") from None
+        if security is not None and security.tls:
+            stream = trio.SSLStream(stream, security.ssl_context(), server_hostname=host)
+            try:
+                await stream.do_handshake()
+            except trio.BrokenResourceError as exc:
+                await trio.aclose_forcefully(stream)
+                raise KafkaClientError(f"TLS with {address} failed: {exc.__cause__}") \
+                    from None
         client = cls(stream, address, client_id)
-        if negotiate:
-            client.exchange.negotiated(
-                await client.call(ApiKey.API_VERSIONS, 0, _api_versions_request()))
+        try:
+            if negotiate or (security is not None and security.sasl):
+                client.exchange.negotiated(
+                    await client.call(ApiKey.API_VERSIONS, 0, _api_versions_request()))
+            if security is not None and security.sasl:
+                dialog = _SaslDialog(security, address)
+                _check_handshake(address, await client.call(
+                    ApiKey.SASL_HANDSHAKE, 1, _handshake_body(dialog.mechanism)))
+                token: bytes | None = dialog.first()
+                while token is not None:
+                    token = dialog.next(await client.call(
+                        ApiKey.SASL_AUTHENTICATE, 1, _authenticate_body(token)))
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
         return client
 
     async def send(self, api_key: int, version: int, body: Any) -> int:
@@ -140,7 +260,8 @@ class KafkaClient:
 class BlockingKafkaClient:
     """The same over a blocking socket, versions always negotiated."""
 
-    def __init__(self, address: str, timeout: float, *, client_id: str = "mink") -> None:
+    def __init__(self, address: str, timeout: float, *, client_id: str = "mink",
+                 security: ClientSecurity | None = None) -> None:
         host, port = address.rsplit(":", 1)
         self.exchange = _Exchange(address, client_id)
         self.timeout = timeout
@@ -149,8 +270,22 @@ class BlockingKafkaClient:
         except OSError as exc:
             raise KafkaClientError(f"cannot reach {address}: {_reason(exc)}") from None
         try:
+            if security is not None and security.tls:
+                try:
+                    self.sock = security.ssl_context().wrap_socket(self.sock,
+                                                                   server_hostname=host)
+                except (ssl.SSLError, OSError) as exc:
+                    raise KafkaClientError(f"TLS with {address} failed: {exc}") from None
             self.exchange.negotiated(
                 self.call(ApiKey.API_VERSIONS, 0, _api_versions_request()))
+            if security is not None and security.sasl:
+                dialog = _SaslDialog(security, address)
+                _check_handshake(address, self.call(
+                    ApiKey.SASL_HANDSHAKE, 1, _handshake_body(dialog.mechanism)))
+                token: bytes | None = dialog.first()
+                while token is not None:
+                    token = dialog.next(self.call(ApiKey.SASL_AUTHENTICATE, 1,
+                                                  _authenticate_body(token)))
         except BaseException:
             self.sock.close()
             raise

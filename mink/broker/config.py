@@ -9,6 +9,17 @@ from typing import Any
 
 import msgspec
 
+from mink.broker.security.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    KafkaListener,
+    ListenerError,
+    SecurityProtocol,
+    advertise,
+    check_advertised,
+    parse_listeners,
+    parse_protocol_map,
+)
+
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_id: int = 1
@@ -16,6 +27,38 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # What clients are told to connect to; the listener when unset.
     advertised_listener: str | None = None
     rack: str | None = None
+    # Kafka's listener model (mink/broker/security/listeners.py): NAME://HOST:PORT entries,
+    # comma-separated. When `listeners` is set it replaces `listener` (which stays the
+    # single PLAINTEXT listener otherwise). inter_broker_listener_name: the listener written
+    # as the node's address (what forwarding between nodes connects to); the first listener
+    # when unset.
+    listeners: str | None = None
+    advertised_listeners: str | None = None
+    listener_security_protocol_map: str = DEFAULT_PROTOCOL_MAP
+    inter_broker_listener_name: str | None = None
+    # How a node logs in to the others' inter-broker listener when it uses SASL (a SCRAM
+    # user like any other; Kafka's sasl.mechanism.inter.broker.protocol and its JAAS entry).
+    # Over TLS the node checks their certificates against ssl_ca_file and shows its own.
+    inter_broker_sasl_mechanism: str = "SCRAM-SHA-512"
+    inter_broker_sasl_username: str | None = None
+    inter_broker_sasl_password: str | None = None
+    # TLS (SSL and SASL_SSL listeners): PEM files. ssl_client_auth: none, requested or
+    # required (Kafka's ssl.client.auth); a client certificate's subject DN becomes the
+    # principal through ssl_principal_mapping_rules (Kafka's syntax: DEFAULT, RULE:...).
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    ssl_key_password: str | None = None
+    ssl_ca_file: str | None = None
+    ssl_client_auth: str = "none"
+    ssl_principal_mapping_rules: str = "DEFAULT"
+    # SASL (SASL_PLAINTEXT and SASL_SSL listeners): the mechanisms offered; credentials are
+    # SCRAM credentials in PostgreSQL (`mink users`, AlterUserScramCredentials).
+    sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN"
+    # KIP-368: a SASL session lasts at most this long, then the connection must
+    # re-authenticate or is closed (0: sessions do not expire).
+    connections_max_reauth_ms: int = 0
+    # KIP-306: a failed authentication is answered (and its connection closed) this late.
+    connection_failed_authentication_delay_ms: int = 100
     # Required by `mink serve`; `mink dev` starts an embedded PostgreSQL and fills it in.
     postgres_url: str | None = None
     object_store: str = "memory://"
@@ -132,6 +175,37 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def advertised_address(self) -> tuple[str, int]:
         return split_host_port(self.advertised_listener or self.listener)
 
+    def kafka_listeners(self) -> tuple[list[KafkaListener], list[KafkaListener] | None]:
+        """(what to bind, what to advertise or None for the bound addresses)."""
+        try:
+            protocols = parse_protocol_map(self.listener_security_protocol_map)
+            if self.listeners is None:
+                host, port = self.listener_address()
+                bound = [KafkaListener("PLAINTEXT", SecurityProtocol.PLAINTEXT, host, port)]
+                if self.advertised_listeners is None:
+                    # the single listener of old: advertised as it is, 0.0.0.0 included
+                    adv_host, adv_port = self.advertised_address()
+                    return bound, [KafkaListener("PLAINTEXT", SecurityProtocol.PLAINTEXT,
+                                            adv_host, adv_port)]
+            else:
+                bound = parse_listeners(self.listeners, protocols)
+            advertised = None
+            if self.advertised_listeners is not None:
+                advertised = parse_listeners(self.advertised_listeners, protocols,
+                                             "advertised_listeners")
+                advertise(bound, advertised, "localhost")
+                check_advertised(advertised)
+        except ListenerError as exc:
+            raise ConfigError(str(exc)) from None
+        return bound, advertised
+
+    def inter_broker_listener(self) -> str:
+        bound, _ = self.kafka_listeners()
+        name = (self.inter_broker_listener_name or bound[0].name).upper()
+        if name not in {b.name for b in bound}:
+            raise ConfigError(f"inter_broker_listener_name {name} is not one of the listeners")
+        return name
+
     def admin_address(self) -> tuple[str, int] | None:
         return split_host_port(self.admin_listener) if self.admin_listener else None
 
@@ -184,7 +258,42 @@ def load_config(
     config.listener_address()
     config.advertised_address()
     config.admin_address()
+    check_security(config)
     if config.log_format not in LOG_FORMATS:
         raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
                           f"not {config.log_format!r}")
     return config
+
+
+SSL_CLIENT_AUTH = ("none", "requested", "required")
+
+
+def check_security(config: Config) -> None:
+    """Refuse settings a node could not serve with, before it starts."""
+    bound, _ = config.kafka_listeners()
+    name = config.inter_broker_listener()
+    inter = next(b for b in bound if b.name == name)
+    if inter.protocol.sasl and not (config.inter_broker_sasl_username
+                                    and config.inter_broker_sasl_password):
+        raise ConfigError(
+            f"the inter-broker listener {name} is {inter.protocol.value}: set "
+            "inter_broker_sasl_username and inter_broker_sasl_password (a SCRAM user) for "
+            "the nodes to log in to each other")
+    if config.ssl_client_auth not in SSL_CLIENT_AUTH:
+        raise ConfigError(f"ssl_client_auth must be one of {', '.join(SSL_CLIENT_AUTH)}")
+    if any(b.protocol.tls for b in bound) and not (config.ssl_cert_file and config.ssl_key_file):
+        raise ConfigError("an SSL or SASL_SSL listener needs ssl_cert_file and ssl_key_file")
+    if config.ssl_client_auth != "none" and not config.ssl_ca_file:
+        raise ConfigError("ssl_client_auth needs ssl_ca_file (the CA client certificates "
+                          "are checked against)")
+    from mink.broker.security.sasl import enabled_mechanisms
+    from mink.broker.security.ssl_principal import PrincipalMapper
+
+    try:
+        if config.inter_broker_sasl_mechanism.upper() not in enabled_mechanisms(
+                config.sasl_enabled_mechanisms):
+            raise ValueError(f"inter_broker_sasl_mechanism {config.inter_broker_sasl_mechanism}"
+                             " is not in sasl_enabled_mechanisms")
+        PrincipalMapper(config.ssl_principal_mapping_rules)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

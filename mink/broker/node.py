@@ -8,6 +8,7 @@ Everything the node runs lives in the nursery of `run_node`; cancelling it stops
 from __future__ import annotations
 
 import gc
+import socket
 import logging
 import math
 from collections.abc import Callable
@@ -32,13 +33,18 @@ from mink.broker.logs import bind_node
 from mink.broker.quotas.manager import QuotaManager
 from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
+from mink.broker.security.listeners import advertise
+from mink.broker.security.ssl_principal import PrincipalMapper
+from mink.broker.security.tls import inter_broker_security, server_context
 from mink.broker.server.listener import serve_kafka
 from mink.broker.topics.admin import TopicAdmin
 from mink.broker.transactions.coordinator import TransactionCoordinator
 from mink.broker.transactions.markers import MarkerWriter
 from mink.broker.transactions.producer_ids import ProducerIdBlock
+from mink.client import ClientSecurity
 from mink.storage.log import PartitionLog
 from mink.storage.controlplane import MetadataStore
+from mink.storage.controlplane.security import set_node_endpoints
 from mink.storage.objectstore import open_object_store
 from mink.storage.producer_state import RefusedSequences
 from mink.storage.streams import Streams
@@ -53,7 +59,14 @@ class Node:
         self.metadata = metadata
         self.objects = self.metrics.observe_object_store(objects)
         self.node_id = config.node_id
+        # The inter-broker listener's advertised address (the node's row in PostgreSQL), and
+        # every advertised listener: (name, security protocol, host, port), set by _serve.
         self.advertised: tuple[str, int] = config.advertised_address()
+        self.endpoints: list[tuple[str, str, str, int]] = []
+        self.inter_broker_listener = "PLAINTEXT"  # its name, set by _serve
+        # how it reaches the other nodes' inter-broker listener (forwarding)
+        self.inter_broker_security: ClientSecurity | None = None
+        self.principal_mapper = PrincipalMapper(config.ssl_principal_mapping_rules)
         self.view = ClusterView(version=-1, cluster_id="", brokers={}, topics={})
         self.streams: Streams | None = None  # the partitions it leads, one per node epoch
         self.membership = Membership(self)  # register, renew, self-fence
@@ -129,15 +142,28 @@ async def run_node(config: Config, *, objects=None, freeze_heap: bool = True,
 async def _serve(node: Node, task_status, freeze_heap: bool = True,
                  on_started: Callable[[Node], None] | None = None) -> None:
     config = node.config
-    host, port = config.listener_address()
+    listeners, advertised = config.kafka_listeners()
+    inter_broker = node.inter_broker_listener = config.inter_broker_listener()
+    context = (server_context(config) if any(lst.protocol.tls for lst in listeners)
+               else None)
     bind_node(node)  # every log line of this node's tasks names it (mink/broker/logs.py)
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
-        bound = await nursery.start(serve_kafka, node, host, port,
-                                    config.socket_request_max_bytes)
+        bound = {}
+        for lst in listeners:
+            bound[lst.name] = await nursery.start(
+                serve_kafka, node, lst, config.socket_request_max_bytes,
+                context if lst.protocol.tls else None)
         await nursery.start(serve_admin, node)  # off unless admin_listener is set
-        adv_host, adv_port = config.advertised_address()
-        node.advertised = (adv_host, bound[1] if adv_port == 0 else adv_port)
+        # A listener on port 0 advertises the port it got; an unset host, the bound one.
+        shown = advertise(listeners, advertised, socket.getfqdn())
+        node.endpoints = [
+            (a.name, a.protocol.value,
+             a.host or bound[a.name][0],
+             bound[a.name][1] if a.port == 0 else a.port) for a in shown]
+        node.advertised = next((e[2], e[3]) for e in node.endpoints if e[0] == inter_broker)
+        node.inter_broker_security = inter_broker_security(
+            config, next(lst for lst in listeners if lst.name == inter_broker))
         nursery.start_soon(node.quotas.run)
         await node.membership.open_store()
         try:
@@ -147,6 +173,12 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                 await node.membership.close_store()
             raise
         try:
+            # after registering: a process refused the node id must not overwrite the live
+            # one's endpoints (the write is fenced by the node epoch)
+            if not await set_node_endpoints(node.metadata, node.node_id,
+                                            node.membership.node_epoch, node.endpoints):
+                log.warning("advertised listeners not stored: node epoch %d is not current",
+                            node.membership.node_epoch)
             await node.membership.start_streams()
             node.ready.set()
             nursery.start_soon(node.membership.renewal_loop)

@@ -7,7 +7,7 @@ import sys
 
 import mink
 from mink.broker.config import ConfigError, load_config
-from mink.cli import cluster, dev, get, quotas, serve, topics
+from mink.cli import cluster, dev, get, quotas, serve, topics, users
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +15,10 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", type=int)
     parser.add_argument("--listener", metavar="HOST:PORT")
     parser.add_argument("--advertised-listener", metavar="HOST:PORT")
+    parser.add_argument("--listeners", metavar="NAME://HOST:PORT,...",
+                        help="Kafka's listeners (replaces --listener), e.g. "
+                             "SASL_SSL://0.0.0.0:9093,INTERNAL://10.0.0.1:9092")
+    parser.add_argument("--advertised-listeners", metavar="NAME://HOST:PORT,...")
     parser.add_argument("--postgres-url", metavar="URL")
     parser.add_argument("--object-store", metavar="URL",
                         help="s3://bucket/prefix, file:///path or memory://")
@@ -25,7 +29,8 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    names = ("node_id", "listener", "advertised_listener", "postgres_url", "object_store",
+    names = ("node_id", "listener", "advertised_listener", "listeners", "advertised_listeners",
+             "postgres_url", "object_store",
              "log_level", "log_format", "admin_listener")
     return {name: getattr(args, name, None) for name in names}
 
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_parser(commands)
     quotas.add_parser(commands)
     get.add_parser(commands)
+    users.add_parser(commands)
 
     args = parser.parse_args(argv)
     try:
@@ -63,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             return quotas.run(args)
         if args.command == "get":
             return get.run(args)
+        if args.command == "users":
+            return users.run(args)
     except ConfigError as exc:
         print(f"mink: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,14 @@ import sys
 
 from kio.schema.errors import ErrorCode
 
-from mink.cli.topics import DEFAULT_BOOTSTRAP, CliError, _failure, connect
+from mink.cli.topics import (
+    DEFAULT_BOOTSTRAP,
+    CliError,
+    _failure,
+    command_config,
+    connect,
+    security_flag,
+)
 from mink.client import BlockingKafkaClient, KafkaClientError
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build, nested
@@ -137,6 +144,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
                             help=f"any node of the cluster (default {DEFAULT_BOOTSTRAP})")
         parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                             help="how long to wait for the node (default 30)")
+        security_flag(parser)
 
     describe_parser = actions.add_parser(
         "describe", help="the quotas of an entity (default: every entity)")
@@ -155,7 +163,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with connect(args.bootstrap_server, args.timeout) as conn:
+        with connect(args.bootstrap_server, args.timeout,
+                     command_config(args.command_config)) as conn:
             return COMMANDS[args.quotas_command](conn, args)
     except (CliError, KafkaClientError) as exc:
         print(f"mink quotas: {exc}", file=sys.stderr)

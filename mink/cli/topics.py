@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.config import ConfigError, split_host_port
 from mink.protocol.apis import ApiKey
-from mink.client import BlockingKafkaClient, KafkaClientError
+from mink.client import BlockingKafkaClient, ClientSecurity, KafkaClientError
 from mink.protocol.messages import build, nested
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -34,13 +34,43 @@ class CliError(Exception):
 
 # -- the client --------------------------------------------------------------------------------
 
-def connect(bootstrap: str, timeout: float) -> BlockingKafkaClient:
+def command_config(path: str | None) -> ClientSecurity | None:
+    """--command-config FILE: client properties (key=value lines, librdkafka's names:
+    security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location,
+    ssl.certificate.location, ssl.key.location), as Kafka's tools take them."""
+    if path is None:
+        return None
+    props: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith(("#", "!")):
+                    key, sep, value = line.partition("=")
+                    if not sep:
+                        raise CliError(f"--command-config {path}: not key=value: {line!r}")
+                    props[key.strip()] = value.strip()
+    except OSError as exc:
+        raise CliError(f"--command-config: {exc}") from None
+    return ClientSecurity.from_properties(props)
+
+
+def security_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="client properties for a secured listener (security.protocol, "
+                             "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, "
+                             "ssl.certificate.location, ssl.key.location)")
+
+
+def connect(bootstrap: str, timeout: float,
+            security: ClientSecurity | None = None) -> BlockingKafkaClient:
     try:
         host, port = split_host_port(bootstrap)
     except ConfigError as exc:
         raise CliError(f"--bootstrap-server: {exc}") from None
     try:
-        return BlockingKafkaClient(f"{host}:{port}", timeout, client_id=CLIENT_ID)
+        return BlockingKafkaClient(f"{host}:{port}", timeout, client_id=CLIENT_ID,
+                                   security=security)
     except KafkaClientError as exc:
         hint = " (is a node running there? see --bootstrap-server)" if "cannot reach" in str(
             exc) else ""
@@ -231,6 +261,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
                             help=f"any node of the cluster (default {DEFAULT_BOOTSTRAP})")
         parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                             help="how long to wait for the node (default 30)")
+        security_flag(parser)
 
     create_parser = actions.add_parser("create", help="create a topic")
     create_parser.add_argument("name")
@@ -264,7 +295,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with connect(args.bootstrap_server, args.timeout) as conn:
+        with connect(args.bootstrap_server, args.timeout,
+                     command_config(args.command_config)) as conn:
             return COMMANDS[args.topics_command](conn, args)
     except (CliError, KafkaClientError) as exc:
         print(f"mink topics: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ class ApiKey(enum.IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
@@ -37,6 +38,7 @@ class ApiKey(enum.IntEnum):
     ALTER_CONFIGS = 33
     ALTER_REPLICA_LOG_DIRS = 34
     DESCRIBE_LOG_DIRS = 35
+    SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     ELECT_LEADERS = 43
@@ -46,6 +48,8 @@ class ApiKey(enum.IntEnum):
     OFFSET_DELETE = 47
     DESCRIBE_CLIENT_QUOTAS = 48
     ALTER_CLIENT_QUOTAS = 49
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -101,6 +105,14 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     # Client quotas (KIP-546), user and client-id entities
     ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1),
     ApiKey.ALTER_CLIENT_QUOTAS: (0, 1),
+    # SASL (KIP-43, KIP-152, KIP-368). SaslHandshake v0 (raw tokens after it, no Kafka
+    # framing) is advertised but refused, as Produce v0-2 above: librdkafka up to 2.11
+    # (Debian's kcat) wants v0 in the range before it uses SASL; clients pick v1.
+    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
+    # SCRAM credentials (KIP-554)
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
     # Transactions as transaction.version 1 (no KIP-890 part 2: EndTxn v5, Produce v12,
     # AddOffsetsToTxn v4 and TxnOffsetCommit v4+ are not offered).
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),

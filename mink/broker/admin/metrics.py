@@ -99,6 +99,9 @@ class NullMetrics:
     def quota_throttled(self, quota: str, seconds: float) -> None:
         pass
 
+    def authentication(self, listener: str, mechanism: str, result: str) -> None:
+        pass
+
     def observe_object_store(self, store):
         return store
 
@@ -190,6 +193,13 @@ class NodeMetrics:
             "(produce, fetch, request); _count is the number of throttled responses.",
             ["quota"], buckets=THROTTLE_BUCKETS, registry=registry)
         self._throttle_children: dict[str, object] = {}
+        # Security (mink/broker/security/): Kafka's successful-authentication-total,
+        # failed-authentication-total and successful-reauthentication-total per listener.
+        self._authentications = Counter(
+            "mink_authentications",
+            "Authentications per listener, mechanism (PLAIN, SCRAM-SHA-*, SSL for a client "
+            "certificate or a failed TLS handshake) and result (success, failure, "
+            "reauthentication).", ["listener", "mechanism", "result"], registry=registry)
         self.storage = _StorageMeters(registry)
         self.lag = ConsumerLag(node)
         registry.register(_NodeStateCollector(self))
@@ -233,6 +243,9 @@ class NodeMetrics:
         if child is None:
             child = self._throttle_children[quota] = self._throttle.labels(quota)
         child.observe(seconds)
+
+    def authentication(self, listener: str, mechanism: str, result: str) -> None:
+        self._authentications.labels(listener, mechanism, result).inc()  # rare: no cache
 
     def observe_object_store(self, store):
         return InstrumentedObjectStore(store, self._object_store_request)

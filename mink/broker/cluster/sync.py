@@ -239,7 +239,8 @@ def view_from_snapshot(snapshot: md.View) -> ClusterView:
     return ClusterView(
         version=snapshot.version,
         cluster_id=snapshot.cluster_id,
-        brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch)
+        brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch,
+                                       tuple((e[0], e[2], e[3]) for e in n.endpoints))
                  for n in snapshot.nodes},
         topics={
             t.name: TopicInfo(t.topic_id, t.name, tuple(

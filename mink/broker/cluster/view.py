@@ -15,6 +15,19 @@ class BrokerInfo:
     port: int
     rack: str | None = None
     epoch: int = 0
+    # Its advertised listeners: (name, host, port). Clients are answered with the endpoint
+    # of the listener their request came in on (`endpoint`).
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, listener: str | None) -> tuple[str, int]:
+        """(host, port) of this broker's advertised listener named `listener`; its
+        inter-broker address when it has no such listener (a node started before listeners
+        were stored, or configured differently)."""
+        if listener is not None:
+            for name, host, port in self.endpoints:
+                if name == listener:
+                    return host, port
+        return self.host, self.port
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ from mink.protocol.messages import (
 )
 
 from mink.broker.quotas.throttling import client_throttles
+from mink.broker.security.listeners import KafkaListener
+from mink.broker.security.sasl import SaslAuthenticator
 from mink.broker.security.principal import ANONYMOUS, KafkaPrincipal
 from mink.broker.server.errors import CloseConnection
 from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
@@ -63,8 +65,13 @@ class RequestContext:
         self.throttle = 0.0
         self.throttle_kind = "fetch"
         # Requests one node forwards to another are not charged: Kafka exempts its
-        # inter-broker requests from quotas too.
-        self.quota_exempt = request.header.client_id == FORWARDED_CLIENT_ID
+        # inter-broker requests from quotas too. Only on the inter-broker listener: a client
+        # on any other listener sending the marker gains nothing.
+        self.quota_exempt = (request.header.client_id == FORWARDED_CLIENT_ID
+                             and connection.inter_broker)
+        # Set by a handler whose response is the last on this connection (a failed
+        # authentication): it is sent, then the connection is closed.
+        self.close_after = False
         self._applied = trio.Event()
 
     @property
@@ -74,6 +81,11 @@ class RequestContext:
     @property
     def client_id(self) -> str:
         return self.header.client_id or ""
+
+    @property
+    def listener_name(self) -> str | None:
+        """The listener the request came in on: answers name that listener's endpoints."""
+        return self.connection.listener_name
 
     def applied(self) -> None:
         """The handler's effects are in place; the next request on this connection may start."""
@@ -90,35 +102,56 @@ Handler = Callable[[Any, RequestContext, Any], Awaitable[Any]]
 class _Slot:
     """Where one request's response lands; the writer takes slots in request order."""
 
-    __slots__ = ("done", "frame", "close", "throttle", "hold")
+    __slots__ = ("done", "frame", "close", "close_after", "throttle", "hold")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.frame: bytes | list | None = None  # a list: buffers sent in order (Fetch)
         self.close = False
+        self.close_after = False  # close once this response is sent
         self.throttle = 0.0  # seconds the connection is muted after this response
         self.hold = False  # a pre-KIP-219 client: hold the response back that long instead
 
 
 class Connection:
-    def __init__(self, node: Any, stream: trio.SocketStream, handlers: dict[int, Handler],
-                 max_frame_bytes: int):
+    def __init__(self, node: Any, stream: trio.abc.Stream, handlers: dict[int, Handler],
+                 max_frame_bytes: int, *, listener: KafkaListener | None = None,
+                 principal: KafkaPrincipal = ANONYMOUS, peer: str | None = None):
         self.node = node
         self.stream = stream
         self.handlers = handlers
         self.reader = FrameReader(max_frame_bytes)
-        # Who is speaking: ANONYMOUS until authentication (issue 24) sets it.
-        self.principal: KafkaPrincipal = ANONYMOUS
+        # Who is speaking: ANONYMOUS on PLAINTEXT, the certificate's mapped DN on SSL with a
+        # client certificate, the SASL user once SASL authenticated it.
+        self.principal: KafkaPrincipal = principal
+        self.listener_name = listener.name if listener is not None else None
+        self._on_inter_broker_listener = listener is None or listener.name == getattr(
+            node, "inter_broker_listener", listener.name)
+        self.sasl: SaslAuthenticator | None = (
+            SaslAuthenticator(node, self)
+            if listener is not None and listener.protocol.sasl else None)
         # Muting (KIP-219): throttled responses not sent yet, and until when (trio time)
         # nothing more is started after the last one sent.
         self._throttled_pending = 0
         self._muted_until = -math.inf
         self._unmuted = trio.Event()
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            self.peer = f"{host}:{port}"
-        except OSError:
-            self.peer = "?"
+        if peer is None:
+            try:
+                host, port = stream.socket.getpeername()[:2]
+                peer = f"{host}:{port}"
+            except (OSError, AttributeError):
+                peer = "?"
+        self.peer = peer
+
+    @property
+    def inter_broker(self) -> bool:
+        """Whether this connection may be another node's: on the inter-broker listener,
+        and logged in as the inter-broker user when that listener uses SASL."""
+        if not self._on_inter_broker_listener:
+            return False
+        if self.sasl is None:
+            return True
+        return self.principal.name == self.node.config.inter_broker_sasl_username
 
     async def run(self) -> None:
         send_slot, receive_slot = trio.open_memory_channel[_Slot](MAX_IN_FLIGHT)
@@ -130,7 +163,11 @@ class Connection:
             pass  # the client went away
         finally:
             with trio.CancelScope(shield=True):
-                await self.stream.aclose()
+                if isinstance(self.stream, trio.SSLStream):
+                    # no waiting on a peer that may never read our close_notify
+                    await trio.aclose_forcefully(self.stream)
+                else:
+                    await self.stream.aclose()
 
     async def _read_requests(self, nursery: trio.Nursery, slots: trio.MemorySendChannel) -> None:
         async with slots:
@@ -168,6 +205,11 @@ class Connection:
         except MalformedRequest as exc:
             log.warning("closing connection from %s: %s", self.peer, exc)
             return None
+        if self.sasl is not None:
+            refusal = self.sasl.refusal(api_key)
+            if refusal is not None:
+                log.info("closing connection from %s: %s", self.peer, refusal)
+                return None
         if not advertised(api_key, api_version) or api_key not in self.handlers:
             if api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer an unknown ApiVersions version in v0 form with our ranges,
@@ -212,6 +254,7 @@ class Connection:
             timer.track(task)
         try:
             body = await handler(self.node, ctx, ctx.request.body)
+            slot.close_after = ctx.close_after
             throttle = self._charge(ctx, timer, task)
             if throttle > 0:
                 body = _with_throttle(body, throttle)
@@ -249,8 +292,9 @@ class Connection:
 
     def _under_request_quota(self, frame: bytes) -> bool:
         client_id = peek_client_id(frame) or ""
-        return client_id != FORWARDED_CLIENT_ID and self.node.quotas.request.quota(
-            self.principal.name, client_id) is not None
+        if client_id == FORWARDED_CLIENT_ID and self.inter_broker:
+            return False
+        return self.node.quotas.request.quota(self.principal.name, client_id) is not None
 
     def _charge(self, ctx: RequestContext, timer, task) -> float:
         """The request's throttle in seconds: the largest of its byte-rate quota's (a
@@ -291,6 +335,8 @@ class Connection:
                     await trio.sleep(slot.throttle)
                 if slot.frame is not None:
                     await send_frame(self.stream, slot.frame)
+                if slot.close_after:
+                    break
                 if slot.throttle:
                     self._throttled_pending -= 1
                     if not slot.hold:

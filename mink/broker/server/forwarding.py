@@ -46,7 +46,8 @@ async def forward(node, api_key: int, api_version: int, body, timeout: float = 3
     try:
         with trio.fail_after(timeout):
             async with await KafkaClient.connect(
-                    f"{target.host}:{target.port}", client_id=FORWARDED_CLIENT_ID) as client:
+                    f"{target.host}:{target.port}", client_id=FORWARDED_CLIENT_ID,
+                    security=node.inter_broker_security) as client:
                 return await client.call(api_key, api_version, body)
     except (OSError, EOFError, trio.TooSlowError, KafkaClientError,
             MalformedResponse) as exc:

@@ -129,6 +129,8 @@ class NodeInfo(msgspec.Struct, frozen=True):
     rack: str | None
     expires_at: datetime | None  # None once the node left
     live: bool = True
+    # Its advertised listeners (sql/0019): (name, security protocol, host, port); in the view
+    endpoints: list[tuple[str, str, str, int]] = []
 
 
 class LeaseInfo(msgspec.Struct, frozen=True):

@@ -172,7 +172,13 @@ SELECT json_build_object(
     'nodes', coalesce((
         SELECT json_agg(json_build_object(
                    'node_id', n.node_id, 'epoch', n.epoch, 'host', n.host, 'port', n.port,
-                   'rack', n.rack, 'expires_at', n.expires_at) ORDER BY n.node_id)
+                   'rack', n.rack, 'expires_at', n.expires_at,
+                   'endpoints', coalesce((
+                       SELECT json_agg(json_build_array(e.listener_name, e.security_protocol,
+                                                        e.host, e.port)
+                                       ORDER BY e.listener_name)
+                         FROM node_endpoints AS e WHERE e.node_id = n.node_id), '[]'))
+                   ORDER BY n.node_id)
           FROM nodes AS n WHERE n.expires_at > now()), '[]'),
     'topics', coalesce((
         SELECT json_agg(json_build_object(

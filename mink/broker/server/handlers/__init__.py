@@ -9,6 +9,7 @@ from . import (
     alter_configs,
     alter_partition_reassignments,
     alter_replica_log_dirs,
+    alter_user_scram_credentials,
     api_versions,
     create_partitions,
     create_topics,
@@ -25,6 +26,7 @@ from . import (
     describe_producers,
     describe_topic_partitions,
     describe_transactions,
+    describe_user_scram_credentials,
     elect_leaders,
     end_txn,
     fetch,
@@ -44,6 +46,8 @@ from . import (
     offset_fetch,
     offset_for_leader_epoch,
     produce,
+    sasl_authenticate,
+    sasl_handshake,
     sync_group,
     txn_offset_commit,
 )
@@ -92,6 +96,10 @@ HANDLERS = {
     ApiKey.LIST_TRANSACTIONS: list_transactions.handle,
     ApiKey.DESCRIBE_CLIENT_QUOTAS: describe_client_quotas.handle,
     ApiKey.ALTER_CLIENT_QUOTAS: alter_client_quotas.handle,
+    ApiKey.SASL_HANDSHAKE: sasl_handshake.handle,
+    ApiKey.SASL_AUTHENTICATE: sasl_authenticate.handle,
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials.handle,
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials.handle,
 }
 
 # A client must never be offered an API that then fails.

@@ -35,8 +35,10 @@ async def handle(node, ctx, request):
         endpoint_type=BROKERS, cluster_id=view.cluster_id, controller_id=view.controller_id,
         # v2 (KIP-1073) may ask for fenced brokers too: a Mink node is live or absent,
         # so every broker listed is unfenced
-        brokers=tuple(build(broker_schema, broker_id=b.node_id, host=b.host, port=b.port,
-                            rack=b.rack, is_fenced=False)
+        brokers=tuple(build(broker_schema, broker_id=b.node_id,
+                            host=b.endpoint(ctx.listener_name)[0],
+                            port=b.endpoint(ctx.listener_name)[1], rack=b.rack,
+                            is_fenced=False)
                       for b in sorted(view.brokers.values(), key=lambda b: b.node_id)),
         cluster_authorized_operations=cluster_operations(
             bool(request.include_cluster_authorized_operations)))

@@ -74,6 +74,11 @@ def topic_config_entries(config: dict[str, str], broker_config: Config | None = 
 _DEFAULTS = Config()
 
 
+def _listeners(config: Config) -> str:
+    bound, _ = config.kafka_listeners()
+    return ",".join(f"{b.name}://{b.host}:{b.port}" for b in bound)
+
+
 def broker_config_entries(node) -> list[ConfigEntry]:
     """This node's settings under their Kafka names, sorted by name; all read-only."""
     config: Config = node.config
@@ -92,10 +97,12 @@ def broker_config_entries(node) -> list[ConfigEntry]:
     entries = [
         fixed("broker.id", node_id, "INT", "this node's id", STATIC_BROKER_CONFIG),
         fixed("node.id", node_id, "INT", "this node's id", STATIC_BROKER_CONFIG),
-        fixed("listeners", f"PLAINTEXT://{config.listener}", "LIST",
-              "the address this node listens on", STATIC_BROKER_CONFIG),
-        fixed("advertised.listeners", f"PLAINTEXT://{host}:{port}", "LIST",
-              "the address clients are told to connect to", STATIC_BROKER_CONFIG),
+        fixed("listeners", _listeners(config), "LIST",
+              "the addresses this node listens on", STATIC_BROKER_CONFIG),
+        fixed("advertised.listeners",
+              ",".join(f"{name}://{h}:{p}" for name, _, h, p in node.endpoints)
+              or f"PLAINTEXT://{host}:{port}", "LIST",
+              "the addresses clients are told to connect to", STATIC_BROKER_CONFIG),
         from_config("broker.rack", "rack", "STRING", "this node's rack"),
         from_config("auto.create.topics.enable", "auto_create_topics_enable", "BOOLEAN",
                     "create unknown topics on Metadata and Produce requests"),

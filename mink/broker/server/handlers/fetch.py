@@ -94,7 +94,7 @@ async def handle(node, ctx, request):
     if session is not None:
         reads = _answered_in_session(session, reads, incremental)
     session_id = session.id if session is not None else sessions.INVALID_SESSION_ID
-    return _response(node, version, reads, session_id)
+    return _response(node, version, reads, session_id, ctx.listener_name)
 
 
 def _session_for(node, request, version: int):
@@ -265,7 +265,8 @@ async def _wait_for_commit(reads: list[_Read], deadline: float) -> set:
     return changed
 
 
-def _response(node, version: int, reads: list[_Read], session_id: int):
+def _response(node, version: int, reads: list[_Read], session_id: int,
+              listener: str | None = None):
     schema = response_schema(1, version)
     partition_schema = nested(schema, "PartitionData")
     aborted_schema = nested(schema, "AbortedTransaction")
@@ -306,13 +307,15 @@ def _response(node, version: int, reads: list[_Read], session_id: int):
                  responses=tuple(build(topic_schema, topic=name, topic_id=topic_id,
                                        partitions=tuple(parts))
                                  for (name, topic_id), parts in topics.items()),
-                 node_endpoints=_node_endpoints(schema, leaders) if version >= 16 else ())
+                 node_endpoints=_node_endpoints(schema, leaders, listener) if version >= 16 else ())
 
 
-def _node_endpoints(schema, leaders: dict) -> tuple:
-    """v16+ (KIP-951): where the leaders named in `current_leader` listen."""
+def _node_endpoints(schema, leaders: dict, listener: str | None = None) -> tuple:
+    """v16+ (KIP-951): where the leaders named in `current_leader` listen (on the
+    listener the request came in on)."""
     endpoint = nested(schema, "NodeEndpoint")
-    return tuple(endpoint(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+    return tuple(endpoint(node_id=b.node_id, host=b.endpoint(listener)[0],
+                          port=b.endpoint(listener)[1], rack=b.rack)
                  for _, b in sorted(leaders.items()) if b is not None)
 
 

@@ -20,12 +20,13 @@ async def handle(node, ctx, request):
     if version >= 4:
         entry = nested(schema, "Coordinator")
         return build(schema, throttle_time=NO_THROTTLE, coordinators=tuple(
-            build(entry, key=key, **_find(node, key, key_type))
+            build(entry, key=key, **_find(node, key, key_type, ctx.listener_name))
             for key in request.coordinator_keys))
-    return build(schema, throttle_time=NO_THROTTLE, **_find(node, request.key, key_type))
+    return build(schema, throttle_time=NO_THROTTLE, **_find(node, request.key, key_type,
+                                                          ctx.listener_name))
 
 
-def _find(node, key: str, key_type: int) -> dict:
+def _find(node, key: str, key_type: int, listener: str | None = None) -> dict:
     if key_type == TRANSACTION:
         error, broker = node.transactions.coordinator_for(key)
     elif key_type == GROUP:
@@ -34,8 +35,9 @@ def _find(node, key: str, key_type: int) -> dict:
         return _error(ErrorCode.invalid_request, f"unknown coordinator key type {key_type}")
     if error:
         return _error(error, "the coordinator is not available")
+    host, port = broker.endpoint(listener)  # the listener the request came in on
     return dict(error_code=ErrorCode.none, error_message=None, node_id=broker.node_id,
-                host=broker.host, port=broker.port)
+                host=host, port=port)
 
 
 def _error(error: ErrorCode, message: str) -> dict:

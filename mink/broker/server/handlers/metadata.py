@@ -33,21 +33,24 @@ async def handle(node, ctx, request):
     # KIP-430: the operations are there only when asked for (v8+; the cluster's v8-10)
     operations = (bool(getattr(request, "include_topic_authorized_operations", False)),
                   bool(getattr(request, "include_cluster_authorized_operations", False)))
-    key = ("metadata", version, operations, None if every_topic else tuple(
+    listener = ctx.listener_name  # brokers are listed with this listener's endpoints
+    key = ("metadata", version, operations, listener, None if every_topic else tuple(
         (t.name, getattr(t, "topic_id", None)) for t in requested))
     encoded = view.memo.get(key)
     if encoded is None:
         if len(view.memo) > 256:
             view.memo.clear()
         encoded = view.memo[key] = EncodedBody(response_schema(3, version), _encoded(
-            view, version, requested, every_topic, operations))
+            view, version, requested, every_topic, operations, listener))
     return encoded
 
 
 def _encoded(view: ClusterView, version: int, requested, every_topic: bool,
-             operations: tuple[bool, bool] = (False, False)) -> bytes:
+             operations: tuple[bool, bool] = (False, False),
+             listener: str | None = None) -> bytes:
     """The body, laid out by protocol/metadata_encoding from plain tuples (no kio objects:
-    building and writing those took 1.7 s for 100,000 partitions)."""
+    building and writing those took 1.7 s for 100,000 partitions); brokers with the
+    endpoints of `listener`, the one the request came in on."""
     topic_ops = topic_operations(operations[0])
     if every_topic:
         topics = [_topic(view, topic, topic_ops) for topic in view.topics.values()]
@@ -56,7 +59,7 @@ def _encoded(view: ClusterView, version: int, requested, every_topic: bool,
                   for t in requested]
     # Recently live brokers too (ClusterView.listed_brokers says why); a partition's leader
     # is named only while it is live.
-    brokers = [(b.node_id, b.host, b.port, b.rack)
+    brokers = [(b.node_id, *b.endpoint(listener), b.rack)
                for b in sorted((view.listed_brokers or view.brokers).values(),
                                key=lambda b: b.node_id)]
     return encode_metadata_body(

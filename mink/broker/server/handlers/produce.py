@@ -61,7 +61,7 @@ async def handle(node, ctx, request):
         _remember_not_written(node, request, results)
         if request.acks == 0:
             raise CloseConnection(message or error.name)
-        return _response(node, version, results)
+        return _response(node, version, results, ctx.listener_name)
 
     if request.acks not in (-1, 0, 1):
         return refuse_all(ErrorCode.invalid_required_acks)
@@ -108,7 +108,7 @@ async def handle(node, ctx, request):
                     result.error = error_for(exc)
                     result.message = str(exc)
     _remember_not_written(node, request, results)
-    return _response(node, version, results)
+    return _response(node, version, results, ctx.listener_name)
 
 
 # Errors that say "not written, retry": what a batch pipelined behind one is told too.
@@ -221,7 +221,8 @@ def _settings(node, config: dict, transactional: bool = False) -> ValidationSett
         target_compression=target_codec(config.get("compression.type")))
 
 
-def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
+def _response(node, version: int, results: dict[str, list[_PartitionResult]],
+              listener: str | None = None):
     schema = response_schema(0, version)
     topic_schema = nested(schema, "TopicProduceResponse")
     partition_schema = nested(schema, "PartitionProduceResponse")
@@ -251,7 +252,8 @@ def _response(node, version: int, results: dict[str, list[_PartitionResult]]):
     endpoints = ()
     if version >= 10 and leaders:
         endpoint_schema = nested(schema, "NodeEndpoint")
-        endpoints = tuple(endpoint_schema(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+        endpoints = tuple(endpoint_schema(node_id=b.node_id, host=b.endpoint(listener)[0],
+                                          port=b.endpoint(listener)[1], rack=b.rack)
                           for b in (node.view.brokers.get(i) for i in sorted(leaders)) if b)
     return build(schema, responses=tuple(topics), throttle_time=NO_THROTTLE,
                  node_endpoints=endpoints)
