@@ -13,7 +13,7 @@ import random
 import trio
 
 from mink.storage.compaction.snapshots import KV_PREFIX
-from mink.storage.controlplane.postgres import READ
+from mink.storage.controlplane.postgres import IDEMPOTENT, READ
 from tests.test_compaction import _produce, read_all, wait_until
 from tests.test_wal import metadata  # noqa: F401  (fixture)
 
@@ -237,3 +237,47 @@ async def test_sigkill_of_the_leader_subprocess(pg_url, store_url, node_processe
     restored = [int(m) for m in re.findall(r"tablet of \S+ caught up at \d+ .*snapshot at (\d+)",
                                            text)]
     assert restored and restored[-1] >= len(items), text[-2000:]
+
+
+async def test_a_deleted_compacted_topic_leaves_no_snapshot_or_checkpoint_behind():
+    """sql/0022: deleting a compacted topic queues its tablet snapshots for deletion and
+    drops their rows and the cleaner's checkpoints, so nothing of it stays in PostgreSQL or
+    the object store."""
+    from confluent_kafka.admin import AdminClient
+
+    from mink.testing import open_node
+
+    async with open_node(proxy=False, **FAST) as node:
+        await node.create_topic("table", 2, {"cleanup.policy": "compact"})
+        await node.wait_led("table")
+        topic_id = node.node.view.topics["table"].topic_id
+        items = writes(random.Random(9), 2, "d")
+        await trio.to_thread.run_sync(_produce, node.bootstrap, "table", items)
+        metadata = node.node.metadata
+
+        async def rows(table: str) -> list:
+            return await node.call(metadata.fetch_all, READ,
+                                   f"SELECT * FROM {table} WHERE topic_id = %s", (topic_id,))
+
+        async def snapshotted() -> bool:
+            return bool(await rows("kv_snapshots"))
+
+        await wait_until(snapshotted, "a snapshot of the compacted partition")
+        keys = [r[4] for r in await rows("kv_snapshots")]
+        await node.call(metadata.fetch_all, IDEMPOTENT, """
+            INSERT INTO compaction_state (topic_id, partition, cleaned_to)
+            VALUES (%s, 0, 1) ON CONFLICT DO NOTHING RETURNING 1""", (topic_id,))
+
+        def delete() -> None:
+            admin = AdminClient({"bootstrap.servers": node.bootstrap})
+            admin.delete_topics(["table"])["table"].result(30)
+
+        await trio.to_thread.run_sync(delete)
+        assert await rows("kv_snapshots") == [] and await rows("compaction_state") == []
+        queued = await node.call(metadata.fetch_all, READ, """
+            SELECT key FROM objects_to_delete WHERE key = ANY(%s)
+            UNION SELECT key FROM unreferenced_objects WHERE key = ANY(%s)""", (keys, keys))
+        gone = [k for k in keys if k not in {r[0] for r in queued}]
+        stored = set(await node.call(node.node.objects.list, KV_PREFIX))
+        for key in gone:  # not queued: already collected from the store
+            assert key not in stored, key
