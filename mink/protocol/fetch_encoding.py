@@ -33,7 +33,8 @@ _ZERO_UUID = bytes(16)
 FIRST_VERSION, LAST_VERSION = 4, 18
 
 
-def _uvarint(value: int) -> bytes:
+def uvarint(value: int) -> bytes:
+    """Kafka's unsigned varint (compact lengths and counts of flexible versions)."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -80,7 +81,7 @@ def _records_size(records) -> tuple[int, Sequence]:
 
 def _string(value: str, flexible: bool) -> bytes:
     data = value.encode()
-    return (_uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
+    return (uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
 
 
 def _nullable_string(value: str | None, flexible: bool) -> bytes:
@@ -90,7 +91,7 @@ def _nullable_string(value: str | None, flexible: bool) -> bytes:
 
 
 def _node_endpoints(endpoints) -> bytes:
-    out = bytearray(_uvarint(len(endpoints) + 1))
+    out = bytearray(uvarint(len(endpoints) + 1))
     for e in endpoints:
         out += _I32.pack(e.node_id)
         out += _string(e.host, True)
@@ -119,7 +120,7 @@ def encode_fetch_response(correlation_id: int, version: int, body: Any) -> list[
         head += _I16.pack(body.error_code)
         head += _I32.pack(body.session_id)
     topics = body.responses
-    head += _uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
+    head += uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
     for topic in topics:
         head = frame.head
         if version >= 13:
@@ -127,7 +128,7 @@ def encode_fetch_response(correlation_id: int, version: int, body: Any) -> list[
         else:
             head += _string(topic.topic, flexible)
         partitions = topic.partitions
-        head += _uvarint(len(partitions) + 1) if flexible else _I32.pack(len(partitions))
+        head += uvarint(len(partitions) + 1) if flexible else _I32.pack(len(partitions))
         for p in partitions:
             head = frame.head
             head += _PARTITION_HEAD.pack(p.partition_index, p.error_code, p.high_watermark,
@@ -138,7 +139,7 @@ def encode_fetch_response(correlation_id: int, version: int, body: Any) -> list[
             if aborted is None:
                 head += b"\0" if flexible else _I32.pack(-1)
             else:
-                head += _uvarint(len(aborted) + 1) if flexible else _I32.pack(len(aborted))
+                head += uvarint(len(aborted) + 1) if flexible else _I32.pack(len(aborted))
                 for a in aborted:
                     head += _ABORTED.pack(a.producer_id, a.first_offset)
                     if flexible:
@@ -147,7 +148,7 @@ def encode_fetch_response(correlation_id: int, version: int, body: Any) -> list[
                 head += _I32.pack(p.preferred_read_replica)
             size, buffers = _records_size(p.records)
             if flexible:
-                head += _uvarint(size + 1)
+                head += uvarint(size + 1)
             else:
                 head += _I32.pack(size)
             for data in buffers:
@@ -160,7 +161,7 @@ def encode_fetch_response(correlation_id: int, version: int, body: Any) -> list[
         endpoints = body.node_endpoints if version >= 16 else ()
         if endpoints:
             encoded = _node_endpoints(endpoints)
-            frame.head += b"\x01\x00" + _uvarint(len(encoded)) + encoded
+            frame.head += b"\x01\x00" + uvarint(len(encoded)) + encoded
         else:
             frame.head += b"\0"
     return frame.finish()
@@ -172,13 +173,13 @@ def _partition_tags(frame: _Frame, p) -> None:
     tags = []
     if p.diverging_epoch.epoch != -1 or p.diverging_epoch.end_offset != -1:
         value = _I32.pack(p.diverging_epoch.epoch) + _I64.pack(p.diverging_epoch.end_offset)
-        tags.append(b"\x00" + _uvarint(len(value) + 1) + value + b"\0")
+        tags.append(b"\x00" + uvarint(len(value) + 1) + value + b"\0")
     leader = p.current_leader
     if leader.leader_id != -1 or leader.leader_epoch != -1:
         tags.append(_LEADER_TAG.pack(1, 9, leader.leader_id, leader.leader_epoch, 0))
     if p.snapshot_id.end_offset != -1 or p.snapshot_id.epoch != -1:
         value = _I64.pack(p.snapshot_id.end_offset) + _I32.pack(p.snapshot_id.epoch)
-        tags.append(b"\x02" + _uvarint(len(value) + 1) + value + b"\0")
-    frame.head += _uvarint(len(tags))
+        tags.append(b"\x02" + uvarint(len(value) + 1) + value + b"\0")
+    frame.head += uvarint(len(tags))
     for tag in tags:
         frame.head += tag

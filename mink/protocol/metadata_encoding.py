@@ -22,6 +22,8 @@ import struct
 import uuid
 from collections.abc import Iterable, Sequence
 
+from .fetch_encoding import uvarint
+
 FIRST_VERSION, LAST_VERSION = 0, 13
 
 _I16 = struct.Struct(">h")
@@ -29,24 +31,15 @@ _I32 = struct.Struct(">i")
 _ZERO_UUID = bytes(16)
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _count(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
+    return uvarint(n + 1) if flexible else _I32.pack(n)
 
 
 def _string(value: str | None, flexible: bool) -> bytes:
     if value is None:
         return b"\0" if flexible else b"\xff\xff"
     data = value.encode()
-    return (_uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
+    return (uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
 
 
 class _PartitionLayout:
