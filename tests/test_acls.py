@@ -256,3 +256,226 @@ async def test_acls_with_kafka_python_admin(secured):
     ((_, matches, filter_error),) = deleted
     assert filter_error.errno == 0 and len(matches) == 1
     assert left == []
+
+
+# -- the checks of the handlers, one row per API (Kafka's "Operations and Resources on
+#    Protocols") -------------------------------------------------------------------------------
+
+def _req(api_key: int, version: int, **fields):
+    return api_key, version, build(load_request_schema(api_key, version), **fields)
+
+
+def _n(api_key: int, version: int, name: str):
+    from mink.protocol.messages import nested
+
+    return nested(load_request_schema(api_key, version), name)
+
+
+def _metadata(topic):
+    return _req(ApiKey.METADATA, 12, topics=(build(_n(3, 12, "MetadataRequestTopic"),
+                                                   topic_id=None, name=topic),),
+                allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+
+
+def _produce(topic):
+    from tests.support.batches import records_batch, values
+    from tests.support.raw import produce_request
+
+    return ApiKey.PRODUCE, 9, produce_request(topic, 0, records_batch(values(2)))
+
+
+def _fetch(topic):
+    import datetime
+
+    part = build(_n(1, 12, "FetchPartition"), partition=0, current_leader_epoch=-1,
+                 fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
+                 partition_max_bytes=1 << 20)
+    return _req(ApiKey.FETCH, 12, cluster_id=None, replica_id=-1,
+                max_wait=datetime.timedelta(milliseconds=10), min_bytes=0, max_bytes=1 << 20,
+                isolation_level=0, session_id=0, session_epoch=-1,
+                topics=(build(_n(1, 12, "FetchTopic"), topic=topic, partitions=(part,)),),
+                forgotten_topics_data=(), rack_id="")
+
+
+def _list_offsets(topic):
+    part = build(_n(2, 7, "ListOffsetsPartition"), partition_index=0,
+                 current_leader_epoch=-1, timestamp=-1)
+    return _req(ApiKey.LIST_OFFSETS, 7, replica_id=-1, isolation_level=0, topics=(
+        build(_n(2, 7, "ListOffsetsTopic"), name=topic, partitions=(part,)),))
+
+
+def _epoch_end(topic):
+    part = build(_n(23, 4, "OffsetForLeaderPartition"), partition=0, current_leader_epoch=-1,
+                 leader_epoch=0)
+    return _req(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4, replica_id=-2, topics=(
+        build(_n(23, 4, "OffsetForLeaderTopic"), topic=topic, partitions=(part,)),))
+
+
+def _create_topic(topic):
+    import datetime
+
+    return _req(ApiKey.CREATE_TOPICS, 7, topics=(build(
+        _n(19, 7, "CreatableTopic"), name=topic, num_partitions=1, replication_factor=-1,
+        assignments=(), configs=()),), timeout=datetime.timedelta(seconds=10),
+        validate_only=False)
+
+
+def _delete_topic(topic):
+    import datetime
+
+    return _req(ApiKey.DELETE_TOPICS, 6, topics=(build(
+        _n(20, 6, "DeleteTopicState"), name=topic, topic_id=None),),
+        timeout=datetime.timedelta(seconds=10))
+
+
+def _find_group(group):
+    return _req(ApiKey.FIND_COORDINATOR, 4, key_type=0, coordinator_keys=(group,))
+
+
+def _join(group):
+    import datetime
+
+    protocol = build(_n(11, 7, "JoinGroupRequestProtocol"), name="range", metadata=b"")
+    return _req(ApiKey.JOIN_GROUP, 7, group_id=group,
+                session_timeout=datetime.timedelta(seconds=10),
+                rebalance_timeout=datetime.timedelta(seconds=10), member_id="",
+                group_instance_id=None, protocol_type="consumer", protocols=(protocol,))
+
+
+def _heartbeat(group):
+    return _req(ApiKey.HEARTBEAT, 4, group_id=group, generation_id=1, member_id="m",
+                group_instance_id=None)
+
+
+def _commit(group, topic):
+    part = build(_n(8, 8, "OffsetCommitRequestPartition"), partition_index=0,
+                 committed_offset=0, committed_leader_epoch=-1, committed_metadata=None)
+    return _req(ApiKey.OFFSET_COMMIT, 8, group_id=group, generation_id_or_member_epoch=-1,
+                member_id="", group_instance_id=None, topics=(build(
+                    _n(8, 8, "OffsetCommitRequestTopic"), name=topic, partitions=(part,)),))
+
+
+def _offset_fetch(group):
+    return _req(ApiKey.OFFSET_FETCH, 8, groups=(build(
+        _n(9, 8, "OffsetFetchRequestGroup"), group_id=group, topics=None),),
+        require_stable=False)
+
+
+def _describe_group(group):
+    return _req(ApiKey.DESCRIBE_GROUPS, 5, groups=(group,), include_authorized_operations=True)
+
+
+def _delete_group(group):
+    return _req(ApiKey.DELETE_GROUPS, 2, groups_names=(group,))
+
+
+def _init_producer(transactional_id=None):
+    import datetime
+
+    return _req(ApiKey.INIT_PRODUCER_ID, 4, transactional_id=transactional_id,
+                transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
+                producer_epoch=-1)
+
+
+def _topic_code(response):
+    return int(response.topics[0].error_code)
+
+
+def _produce_code(response):
+    return int(response.responses[0].partition_responses[0].error_code)
+
+
+def _fetch_code(response):
+    return int(response.responses[0].partitions[0].error_code)
+
+
+def _partition_code(response):
+    return int(response.topics[0].partitions[0].error_code)
+
+
+# (what, request, grants (type, name, operation), code refused, code once granted)
+TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, TXN_AUTH = 29, 30, 31, 53
+ROWS = [
+    # KIP-679: an idempotent producer needs IDEMPOTENT_WRITE on the cluster (first: WRITE on
+    # any topic, granted below, would do too)
+    ("InitProducerId idempotent (cluster)", _init_producer(),
+     [("CLUSTER", "kafka-cluster", "IDEMPOTENT_WRITE")], lambda r: int(r.error_code),
+     CLUSTER_AUTH, 0),
+    ("InitProducerId transactional", _init_producer("tx-1"),
+     [("TRANSACTIONAL_ID", "tx-1", "WRITE")], lambda r: int(r.error_code), TXN_AUTH, 0),
+    ("Metadata describes", _metadata("t-meta"), [("TOPIC", "t-meta", "DESCRIBE")],
+     _topic_code, TOPIC_AUTH, 0),
+    # a topic that does not exist answers the same to whoever may not describe it
+    ("Metadata of a missing topic", _metadata("t-missing"),
+     [("TOPIC", "t-missing", "DESCRIBE")], _topic_code, TOPIC_AUTH, 3),
+    ("Produce writes", _produce("t-produce"), [("TOPIC", "t-produce", "WRITE")],
+     _produce_code, TOPIC_AUTH, 0),
+    ("Fetch reads", _fetch("t-fetch"), [("TOPIC", "t-fetch", "READ")], _fetch_code,
+     TOPIC_AUTH, 0),
+    ("ListOffsets describes", _list_offsets("t-list"), [("TOPIC", "t-list", "DESCRIBE")],
+     _partition_code, TOPIC_AUTH, 0),
+    ("OffsetForLeaderEpoch describes", _epoch_end("t-epoch"),
+     [("TOPIC", "t-epoch", "DESCRIBE")], _partition_code, TOPIC_AUTH, 0),
+    ("CreateTopics creates (topic)", _create_topic("t-new"), [("TOPIC", "t-new", "CREATE")],
+     lambda r: int(r.topics[0].error_code), TOPIC_AUTH, 0),
+    ("CreateTopics creates (cluster)", _create_topic("t-new2"),
+     [("CLUSTER", "kafka-cluster", "CREATE")], lambda r: int(r.topics[0].error_code),
+     TOPIC_AUTH, 0),
+    ("DeleteTopics deletes", _delete_topic("t-del"), [("TOPIC", "t-del", "DELETE")],
+     lambda r: int(r.responses[0].error_code), TOPIC_AUTH, 0),
+    ("FindCoordinator describes the group", _find_group("g-find"),
+     [("GROUP", "g-find", "DESCRIBE")], lambda r: int(r.coordinators[0].error_code),
+     GROUP_AUTH, 0),
+    # MEMBER_ID_REQUIRED: joined as far as a first JoinGroup goes
+    ("JoinGroup reads the group", _join("g-join"), [("GROUP", "g-join", "READ")],
+     lambda r: int(r.error_code), GROUP_AUTH, 79),
+    ("Heartbeat reads the group", _heartbeat("g-hb"), [("GROUP", "g-hb", "READ")],
+     lambda r: int(r.error_code), GROUP_AUTH, 25),  # UNKNOWN_MEMBER_ID
+    ("OffsetCommit reads the group", _commit("g-commit", "t-commit"),
+     [("GROUP", "g-commit", "READ")], _partition_code, GROUP_AUTH, TOPIC_AUTH),
+    ("OffsetCommit reads the topic too", _commit("g-commit2", "t-commit"),
+     [("GROUP", "g-commit2", "READ"), ("TOPIC", "t-commit", "READ")], _partition_code,
+     GROUP_AUTH, 0),
+    ("OffsetFetch describes the group", _offset_fetch("g-ofetch"),
+     [("GROUP", "g-ofetch", "DESCRIBE")], lambda r: int(r.groups[0].error_code),
+     GROUP_AUTH, 0),
+    ("DescribeGroups describes", _describe_group("g-desc"), [("GROUP", "g-desc", "DESCRIBE")],
+     lambda r: int(r.groups[0].error_code), GROUP_AUTH, 0),
+    ("DeleteGroups deletes", _delete_group("g-del"), [("GROUP", "g-del", "DELETE")],
+     lambda r: int(r.results[0].error_code), GROUP_AUTH, 69),  # GROUP_ID_NOT_FOUND
+]
+TOPICS = ("t-meta", "t-produce", "t-fetch", "t-list", "t-epoch", "t-del", "t-commit")
+
+
+async def _wait_code(client, request, code_of, expected, what, timeout=10.0):
+    """The row's code, asked again until it is `expected` (a just-created topic may still be
+    opening) or the time is up; the last code is returned."""
+    api_key, version, body = request
+    deadline = trio.current_time() + timeout
+    while True:
+        code = code_of(await client.call(api_key, version, body))
+        if code == expected or trio.current_time() > deadline:
+            return code
+        await trio.sleep(0.1)
+
+
+async def test_every_api_refuses_without_acls_and_serves_once_granted(mink_postgres,
+                                                                      store_url):
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         **SECURED) as running:
+        where = endpoints(running)
+        await trio.to_thread.run_sync(create_users, where["PLAINTEXT"], USERS)
+        for topic in TOPICS:
+            await running.create_topic(topic)
+        for topic in TOPICS:
+            await running.wait_led(topic)
+        async with as_user(where["SASL_PLAINTEXT"]) as client:
+            for what, request, grants, code_of, refused, granted in ROWS:
+                code = await _wait_code(client, request, code_of, refused, what)
+                assert code == refused, f"{what}: without ACLs {code}, not {refused}"
+                await trio.to_thread.run_sync(create_acls, where["PLAINTEXT"], [
+                    binding(kind, name, "User:alice", op) for kind, name, op in grants])
+                code = await _wait_code(client, request, code_of, granted, what)
+                assert code == granted, f"{what}: granted {code}, not {granted}"

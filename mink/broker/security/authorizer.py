@@ -133,6 +133,10 @@ class Authorizer:
             return set(names)
         return {n for n in names if self.topic(ctx, operation, n)}
 
+    def may_create_topic(self, ctx, name: str) -> bool:
+        """CREATE on the cluster or on the topic (CreateTopics, auto-creation)."""
+        return self.cluster(ctx, CREATE) or self.topic(ctx, CREATE, name)
+
     def idempotent_write(self, ctx) -> bool:
         """KIP-679: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic."""
         if self.cluster(ctx, IDEMPOTENT_WRITE):
