@@ -377,6 +377,68 @@ def _init_producer(transactional_id=None):
                 producer_epoch=-1)
 
 
+def _describe_configs(topic):
+    return _req(ApiKey.DESCRIBE_CONFIGS, 4, resources=(build(
+        _n(32, 4, "DescribeConfigsResource"), resource_type=2, resource_name=topic,
+        configuration_keys=None),), include_synonyms=False, include_documentation=False)
+
+
+def _alter_configs(topic):
+    config = build(_n(33, 2, "AlterableConfig"), name="retention.ms", value="100000")
+    return _req(ApiKey.ALTER_CONFIGS, 2, resources=(build(
+        _n(33, 2, "AlterConfigsResource"), resource_type=2, resource_name=topic,
+        configs=(config,)),), validate_only=True)
+
+
+def _incremental_alter_configs(topic):
+    config = build(_n(44, 1, "AlterableConfig"), name="retention.ms", config_operation=0,
+                   value="100000")
+    return _req(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, resources=(build(
+        _n(44, 1, "AlterConfigsResource"), resource_type=2, resource_name=topic,
+        configs=(config,)),), validate_only=True)
+
+
+def _broker_configs():
+    return _req(ApiKey.DESCRIBE_CONFIGS, 4, resources=(build(
+        _n(32, 4, "DescribeConfigsResource"), resource_type=4, resource_name="1",
+        configuration_keys=None),), include_synonyms=False, include_documentation=False)
+
+
+def _create_partitions(topic):
+    import datetime
+
+    return _req(ApiKey.CREATE_PARTITIONS, 3, topics=(build(
+        _n(37, 3, "CreatePartitionsTopic"), name=topic, count=2, assignments=None),),
+        timeout=datetime.timedelta(seconds=10), validate_only=True)
+
+
+def _delete_records(topic):
+    import datetime
+
+    part = build(_n(21, 2, "DeleteRecordsPartition"), partition_index=0, offset=0)
+    return _req(ApiKey.DELETE_RECORDS, 2, topics=(build(
+        _n(21, 2, "DeleteRecordsTopic"), name=topic, partitions=(part,)),),
+        timeout=datetime.timedelta(seconds=10))
+
+
+def _describe_users():
+    return _req(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, users=None)
+
+
+def _describe_quotas():
+    return _req(ApiKey.DESCRIBE_CLIENT_QUOTAS, 1, components=(), strict=False)
+
+
+def _end_txn(transactional_id):
+    return _req(ApiKey.END_TXN, 4, transactional_id=transactional_id, producer_id=1,
+                producer_epoch=0, committed=True)
+
+
+def _add_offsets(transactional_id, group):
+    return _req(ApiKey.ADD_OFFSETS_TO_TXN, 3, transactional_id=transactional_id,
+                producer_id=1, producer_epoch=0, group_id=group)
+
+
 def _topic_code(response):
     return int(response.topics[0].error_code)
 
@@ -443,8 +505,35 @@ ROWS = [
      lambda r: int(r.groups[0].error_code), GROUP_AUTH, 0),
     ("DeleteGroups deletes", _delete_group("g-del"), [("GROUP", "g-del", "DELETE")],
      lambda r: int(r.results[0].error_code), GROUP_AUTH, 69),  # GROUP_ID_NOT_FOUND
+    ("DescribeConfigs of a topic", _describe_configs("t-cfg"),
+     [("TOPIC", "t-cfg", "DESCRIBE_CONFIGS")], lambda r: int(r.results[0].error_code),
+     TOPIC_AUTH, 0),
+    ("AlterConfigs of a topic", _alter_configs("t-cfg"), [("TOPIC", "t-cfg", "ALTER_CONFIGS")],
+     lambda r: int(r.responses[0].error_code), TOPIC_AUTH, 0),
+    ("IncrementalAlterConfigs of a topic", _incremental_alter_configs("t-cfg2"),
+     [("TOPIC", "t-cfg2", "ALTER_CONFIGS")], lambda r: int(r.responses[0].error_code),
+     TOPIC_AUTH, 0),
+    ("CreatePartitions alters", _create_partitions("t-grow"), [("TOPIC", "t-grow", "ALTER")],
+     lambda r: int(r.results[0].error_code), TOPIC_AUTH, 0),
+    ("DeleteRecords deletes", _delete_records("t-records"),
+     [("TOPIC", "t-records", "DELETE")], _partition_code, TOPIC_AUTH, 0),
+    ("EndTxn writes the transactional id", _end_txn("tx-end"),
+     [("TRANSACTIONAL_ID", "tx-end", "WRITE")], lambda r: int(r.error_code), TXN_AUTH,
+     49),  # INVALID_PRODUCER_ID_MAPPING: no such transaction
+    ("AddOffsetsToTxn reads the group", _add_offsets("tx-end", "g-txn"),
+     [("GROUP", "g-txn", "READ")], lambda r: int(r.error_code), GROUP_AUTH, 49),
+    ("DescribeUserScramCredentials describes the cluster", _describe_users(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")], lambda r: int(r.error_code),
+     CLUSTER_AUTH, 0),
+    ("DescribeClientQuotas describes the cluster's configs", _describe_quotas(),
+     [("CLUSTER", "kafka-cluster", "ALTER_CONFIGS")], lambda r: int(r.error_code),
+     CLUSTER_AUTH, 0),
+    # (ALTER_CONFIGS on the cluster, granted just above, implies DESCRIBE_CONFIGS)
+    ("DescribeConfigs of a broker", _broker_configs(), [],
+     lambda r: int(r.results[0].error_code), 0, 0),
 ]
-TOPICS = ("t-meta", "t-produce", "t-fetch", "t-list", "t-epoch", "t-del", "t-commit")
+TOPICS = ("t-meta", "t-produce", "t-fetch", "t-list", "t-epoch", "t-del", "t-commit",
+          "t-cfg", "t-cfg2", "t-grow", "t-records")
 
 
 async def _wait_code(client, request, code_of, expected, what, timeout=10.0):
@@ -475,7 +564,8 @@ async def test_every_api_refuses_without_acls_and_serves_once_granted(mink_postg
             for what, request, grants, code_of, refused, granted in ROWS:
                 code = await _wait_code(client, request, code_of, refused, what)
                 assert code == refused, f"{what}: without ACLs {code}, not {refused}"
-                await trio.to_thread.run_sync(create_acls, where["PLAINTEXT"], [
-                    binding(kind, name, "User:alice", op) for kind, name, op in grants])
+                if grants:
+                    await trio.to_thread.run_sync(create_acls, where["PLAINTEXT"], [
+                        binding(kind, name, "User:alice", op) for kind, name, op in grants])
                 code = await _wait_code(client, request, code_of, granted, what)
                 assert code == granted, f"{what}: granted {code}, not {granted}"

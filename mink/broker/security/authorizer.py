@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from kio.schema.errors import ErrorCode
+
 from mink.broker.security.acls import (
     CLUSTER_NAME,
     AclBinding,
@@ -58,6 +60,7 @@ TOPIC = ResourceType.TOPIC
 GROUP = ResourceType.GROUP
 CLUSTER = ResourceType.CLUSTER
 TRANSACTIONAL_ID = ResourceType.TRANSACTIONAL_ID
+CONFIG_TOPIC = 2  # Kafka's ConfigResource.Type: TOPIC 2, BROKER 4, BROKER_LOGGER 8
 
 def _host(peer: str) -> str:
     host = peer.rsplit(":", 1)[0] if ":" in peer else peer
@@ -132,6 +135,18 @@ class Authorizer:
         if self._bypass(ctx):
             return set(names)
         return {n for n in names if self.topic(ctx, operation, n)}
+
+    def config_refusal(self, ctx, operation: int, resource_type: int,
+                       name: str) -> tuple[ErrorCode, str] | None:
+        """DescribeConfigs / AlterConfigs / IncrementalAlterConfigs: DESCRIBE_CONFIGS or
+        ALTER_CONFIGS on the topic, or on the cluster for a broker (or broker logger)."""
+        if resource_type == CONFIG_TOPIC:
+            if not self.topic(ctx, operation, name):
+                return (ErrorCode.topic_authorization_failed,
+                        "Topic authorization failed.")
+        elif not self.cluster(ctx, operation):
+            return ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        return None
 
     def may_create_topic(self, ctx, name: str) -> bool:
         """CREATE on the cluster or on the topic (CreateTopics, auto-creation)."""
