@@ -439,6 +439,35 @@ def _add_offsets(transactional_id, group):
                 producer_id=1, producer_epoch=0, group_id=group)
 
 
+def _consumer_group_describe(group):
+    return _req(ApiKey.CONSUMER_GROUP_DESCRIBE, 1, group_ids=(group,),
+                include_authorized_operations=True)
+
+
+def _describe_topic_partitions(topic):
+    return _req(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, topics=(build(
+        _n(75, 0, "TopicRequest"), name=topic),), response_partition_limit=100, cursor=None)
+
+
+def _describe_producers(topic):
+    return _req(ApiKey.DESCRIBE_PRODUCERS, 0, topics=(build(
+        _n(61, 0, "TopicRequest"), name=topic, partition_indexes=(0,)),))
+
+
+def _offset_delete(group, topic):
+    part = build(_n(47, 0, "OffsetDeleteRequestPartition"), partition_index=0)
+    return _req(ApiKey.OFFSET_DELETE, 0, group_id=group, topics=(build(
+        _n(47, 0, "OffsetDeleteRequestTopic"), name=topic, partitions=(part,)),))
+
+
+def _elect_leaders(topic):
+    import datetime
+
+    wanted = build(_n(43, 2, "TopicPartitions"), topic=topic, partitions=(0,))
+    return _req(ApiKey.ELECT_LEADERS, 2, election_type=1, topic_partitions=(wanted,),
+                timeout=datetime.timedelta(seconds=10))
+
+
 def _topic_code(response):
     return int(response.topics[0].error_code)
 
@@ -531,9 +560,22 @@ ROWS = [
     # (ALTER_CONFIGS on the cluster, granted just above, implies DESCRIBE_CONFIGS)
     ("DescribeConfigs of a broker", _broker_configs(), [],
      lambda r: int(r.results[0].error_code), 0, 0),
+    ("ConsumerGroupDescribe describes", _consumer_group_describe("g-cdesc"),
+     [("GROUP", "g-cdesc", "DESCRIBE")], lambda r: int(r.groups[0].error_code), GROUP_AUTH,
+     69),  # GROUP_ID_NOT_FOUND
+    ("DescribeTopicPartitions describes", _describe_topic_partitions("t-dtp"),
+     [("TOPIC", "t-dtp", "DESCRIBE")], lambda r: int(r.topics[0].error_code), TOPIC_AUTH, 0),
+    ("DescribeProducers reads", _describe_producers("t-dprod"),
+     [("TOPIC", "t-dprod", "READ")], _partition_code, TOPIC_AUTH, 0),
+    ("OffsetDelete deletes the group", _offset_delete("g-odel", "t-dprod"),
+     [("GROUP", "g-odel", "DELETE")], lambda r: int(r.error_code), GROUP_AUTH, 69),
+    ("ElectLeaders alters the cluster", _elect_leaders("t-dtp"),
+     [("CLUSTER", "kafka-cluster", "ALTER")],
+     lambda r: int(r.replica_election_results[0].partition_result[0].error_code),
+     CLUSTER_AUTH, 84),  # ELECTION_NOT_NEEDED
 ]
 TOPICS = ("t-meta", "t-produce", "t-fetch", "t-list", "t-epoch", "t-del", "t-commit",
-          "t-cfg", "t-cfg2", "t-grow", "t-records")
+          "t-cfg", "t-cfg2", "t-grow", "t-records", "t-dtp", "t-dprod")
 
 
 async def _wait_code(client, request, code_of, expected, what, timeout=10.0):
@@ -569,3 +611,162 @@ async def test_every_api_refuses_without_acls_and_serves_once_granted(mink_postg
                         binding(kind, name, "User:alice", op) for kind, name, op in grants])
                 code = await _wait_code(client, request, code_of, granted, what)
                 assert code == granted, f"{what}: granted {code}, not {granted}"
+
+
+# -- the rules, with the real clients ---------------------------------------------------------
+
+def roundtrip(conf: dict, topic: str, group: str, count: int = 5,
+              timeout: float = 20.0) -> tuple[list, list[bytes]]:
+    """Blocking: an idempotent confluent-kafka producer writes `count` records, a consumer in
+    `group` reads them back; (delivery errors, values read)."""
+    from confluent_kafka import Consumer, Producer
+
+    producer = Producer({**conf, "acks": "all", "enable.idempotence": True,
+                         "message.timeout.ms": int(timeout * 1000 / 2)})
+    errors: list = []
+    for i in range(count):
+        producer.produce(topic, b"v%d" % i, on_delivery=lambda e, m: e and errors.append(e))
+    producer.flush(timeout)
+    if errors:
+        return errors, []
+    consumer = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append(msg.value())
+        elif msg is not None and msg.error().fatal():
+            errors.append(msg.error())
+            break
+    consumer.close()
+    return errors, got
+
+
+async def _topic_codes(client, names, version=12) -> dict[str, int]:
+    answer = await client.call(*_metadata_request(names, version))
+    return {t.name: int(t.error_code) for t in answer.topics}
+
+
+def _metadata_request(names, version=12):
+    topics = None if names is None else tuple(
+        build(_n(3, version, "MetadataRequestTopic"), topic_id=None, name=n) for n in names)
+    return ApiKey.METADATA, version, build(
+        load_request_schema(ApiKey.METADATA, version), topics=topics,
+        allow_auto_topic_creation=False, include_topic_authorized_operations=True)
+
+
+async def test_confluent_clients_refused_then_served_once_granted(secured):
+    """Produce (idempotent: KIP-679 through WRITE on the topic), consume in a group."""
+    address = secured["SASL_PLAINTEXT"]
+    conf = user_conf(address)
+    errors, got = await trio.to_thread.run_sync(roundtrip, conf, "orders", "g-orders", 5, 6.0)
+    assert errors and not got
+    assert {e.code() for e in errors} & {29, 31}, errors  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED
+    await trio.to_thread.run_sync(create_acls, secured["PLAINTEXT"], [
+        binding("TOPIC", "orders", "User:alice", "WRITE"),
+        binding("TOPIC", "orders", "User:alice", "READ"),
+        binding("TOPIC", "orders", "User:alice", "CREATE"),
+        binding("GROUP", "g-orders", "User:alice", "READ")])
+    errors, got = await trio.to_thread.run_sync(roundtrip, conf, "orders", "g-orders")
+    assert not errors and sorted(got) == [b"v%d" % i for i in range(5)]
+
+
+async def test_super_user_needs_no_acls(secured):
+    await trio.to_thread.run_sync(create_users, secured["PLAINTEXT"], {"root": "root-secret"})
+    USERS["root"] = "root-secret"
+    try:
+        await trio.to_thread.run_sync(create_acls, secured["PLAINTEXT"], [
+            binding("TOPIC", "*", "User:*", "ALL", "DENY")])  # super users are not asked
+        errors, got = await trio.to_thread.run_sync(
+            roundtrip, user_conf(secured["SASL_PLAINTEXT"], "root"), "root-topic", "g-root")
+    finally:
+        del USERS["root"]
+    assert not errors and len(got) == 5
+
+
+async def test_deny_beats_allow_and_prefixed_patterns(secured):
+    plain = secured["PLAINTEXT"]
+    # topics made by the super user over PLAINTEXT
+    await trio.to_thread.run_sync(_create_topics, plain, ["logs-app", "logs-secret", "other"])
+    await trio.to_thread.run_sync(create_acls, plain, [
+        binding("TOPIC", "logs-", "User:alice", "READ", pattern="PREFIXED"),
+        binding("TOPIC", "logs-secret", "User:alice", "READ", "DENY"),
+        binding("TOPIC", "*", "User:bob", "DESCRIBE"),
+        binding("TOPIC", "other", "User:bob", "DESCRIBE", "DENY", host="127.0.0.1")])
+    names = ["logs-app", "logs-secret", "other"]
+    async with as_user(secured["SASL_PLAINTEXT"], "alice") as alice:
+        # READ implies DESCRIBE; a DENY of READ does not deny DESCRIBE
+        assert await _topic_codes(alice, names) == {"logs-app": 0, "logs-secret": 0,
+                                                    "other": TOPIC_AUTH}
+        fetched = {t: _fetch_code(await alice.call(*_fetch(t))) for t in names}
+        assert fetched == {"logs-app": 0, "logs-secret": TOPIC_AUTH, "other": TOPIC_AUTH}
+        # Metadata of every topic lists only the describable ones
+        listed = await _topic_codes(alice, None)
+        assert set(listed) == {"logs-app", "logs-secret"}
+    async with as_user(secured["SASL_PLAINTEXT"], "bob") as bob:
+        # the literal wildcard allows, the DENY from bob's host beats it
+        assert await _topic_codes(bob, names) == {"logs-app": 0, "logs-secret": 0,
+                                                  "other": TOPIC_AUTH}
+
+
+def _create_topics(address: str, names: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": address})
+    for future in admin.create_topics([NewTopic(n, 1) for n in names]).values():
+        future.result(timeout=30)
+
+
+async def test_acls_act_on_every_node_within_two_seconds(mink_postgres, store_url):
+    from mink.testing import open_cluster
+
+    async with open_cluster(3, mink_postgres, store_url=store_url, proxy=False,
+                            **SECURED) as cluster:
+        where = [endpoints(n) for n in cluster.nodes]
+        await trio.to_thread.run_sync(create_users, where[0]["PLAINTEXT"], USERS)
+        await trio.to_thread.run_sync(_create_topics, where[0]["PLAINTEXT"], ["shared"])
+        clients = []
+        try:
+            for w in where:
+                clients.append(await KafkaClient.connect(w["SASL_PLAINTEXT"], security=(
+                    ClientSecurity(protocol="SASL_PLAINTEXT", mechanism="PLAIN",
+                                   username="alice", password=USERS["alice"]))))
+            for client in clients:
+                assert await _topic_codes(client, ["shared"]) == {"shared": TOPIC_AUTH}
+            # granted through the first node's AdminClient
+            await trio.to_thread.run_sync(create_acls, where[0]["PLAINTEXT"], [
+                binding("TOPIC", "shared", "User:alice", "DESCRIBE")])
+            granted_at = trio.current_time()
+            for client in clients:
+                while await _topic_codes(client, ["shared"]) != {"shared": 0}:
+                    assert trio.current_time() - granted_at < 2.0, "not within 2 s"
+                    await trio.sleep(0.05)
+            # and taken away again, through another node
+            await trio.to_thread.run_sync(_delete_all_acls, where[1]["PLAINTEXT"])
+            revoked_at = trio.current_time()
+            for client in clients:
+                while await _topic_codes(client, ["shared"]) != {"shared": TOPIC_AUTH}:
+                    assert trio.current_time() - revoked_at < 2.0, "not within 2 s"
+                    await trio.sleep(0.05)
+        finally:
+            for client in clients:
+                await client.aclose()
+
+
+def _delete_all_acls(address: str) -> None:
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": address})
+    for future in admin.delete_acls([AclBindingFilter(
+            ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+            AclPermissionType.ANY)], request_timeout=20).values():
+        future.result(timeout=30)
