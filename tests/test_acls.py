@@ -705,6 +705,10 @@ async def test_deny_beats_allow_and_prefixed_patterns(secured):
         # Metadata of every topic lists only the describable ones
         listed = await _topic_codes(alice, None)
         assert set(listed) == {"logs-app", "logs-secret"}
+        # KIP-430: the operations reported are the principal's
+        answer = await alice.call(*_metadata_request(["logs-app", "logs-secret"]))
+        ops = {t.name: t.topic_authorized_operations for t in answer.topics}
+        assert ops == {"logs-app": (1 << 3) | (1 << 8), "logs-secret": 1 << 8}
     async with as_user(secured["SASL_PLAINTEXT"], "bob") as bob:
         # the literal wildcard allows, the DENY from bob's host beats it
         assert await _topic_codes(bob, names) == {"logs-app": 0, "logs-secret": 0,
