@@ -774,3 +774,25 @@ def _delete_all_acls(address: str) -> None:
             ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
             AclPermissionType.ANY)], request_timeout=20).values():
         future.result(timeout=30)
+
+
+async def test_metadata_auto_creates_only_for_a_principal_allowed_to_create(secured):
+    def request(name):
+        return ApiKey.METADATA, 12, build(
+            load_request_schema(ApiKey.METADATA, 12),
+            topics=(build(_n(3, 12, "MetadataRequestTopic"), topic_id=None, name=name),),
+            allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+
+    async with as_user(secured["SASL_PLAINTEXT"]) as alice:
+        codes = await alice.call(*request("auto-x"))
+        assert [int(t.error_code) for t in codes.topics] == [TOPIC_AUTH]
+        await trio.to_thread.run_sync(create_acls, secured["PLAINTEXT"], [
+            binding("TOPIC", "auto-x", "User:alice", "DESCRIBE")])
+        codes = await alice.call(*request("auto-x"))
+        assert [int(t.error_code) for t in codes.topics] == [3]  # UNKNOWN_TOPIC_OR_PARTITION
+        await trio.to_thread.run_sync(create_acls, secured["PLAINTEXT"], [
+            binding("TOPIC", "auto-", "User:alice", "CREATE", pattern="PREFIXED")])
+        codes = await alice.call(*request("auto-x"))
+        assert [int(t.error_code) for t in codes.topics] in ([0], [5])  # LEADER_NOT_AVAILABLE
+    async with await KafkaClient.connect(secured["PLAINTEXT"]) as admin:
+        assert await _topic_codes(admin, ["auto-x"]) in ({"auto-x": 0}, {"auto-x": 5})

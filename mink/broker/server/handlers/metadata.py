@@ -27,10 +27,12 @@ async def handle(node, ctx, request):
     every_topic = requested is None or (version == 0 and not requested)
     authorizer = node.authorizer
     if not every_topic and request_allows_auto_create(request, version):
-        # Kafka: only topics the principal may create (CREATE on the cluster or topic)
+        # Kafka: only topics the principal may describe and create (CREATE on the cluster
+        # or the topic)
         await node.topic_admin.auto_create_topics([
             t.name for t in requested if t.name and (
-                t.name in node.view.topics or authorizer.may_create_topic(ctx, t.name))])
+                t.name in node.view.topics or (authorizer.topic(ctx, DESCRIBE, t.name)
+                                               and authorizer.may_create_topic(ctx, t.name)))])
     ctx.applied()
     view: ClusterView = node.view
     # Encoding is the cost (about 12 ms for 10,000 partitions): one encoding per snapshot,
