@@ -796,3 +796,21 @@ async def test_metadata_auto_creates_only_for_a_principal_allowed_to_create(secu
         assert [int(t.error_code) for t in codes.topics] in ([0], [5])  # LEADER_NOT_AVAILABLE
     async with await KafkaClient.connect(secured["PLAINTEXT"]) as admin:
         assert await _topic_codes(admin, ["auto-x"]) in ({"auto-x": 0}, {"auto-x": 5})
+
+
+async def test_the_forwarding_marker_gains_a_client_nothing(secured):
+    """Forwarded requests are not checked again, but only on the inter-broker listener
+    (here PLAINTEXT): alice sending the marker on her own listener is checked as ever."""
+    await trio.to_thread.run_sync(_create_topics, secured["PLAINTEXT"], ["marked"])
+    security = ClientSecurity(protocol="SASL_PLAINTEXT", mechanism="PLAIN", username="alice",
+                              password=USERS["alice"])
+    async with await KafkaClient.connect(secured["SASL_PLAINTEXT"], client_id="mink-forwarded",
+                                         security=security) as client:
+        assert await _topic_codes(client, ["marked"]) == {"marked": TOPIC_AUTH}
+        assert _delete_code(await client.call(*_delete_topic("marked"))) == TOPIC_AUTH
+    async with await KafkaClient.connect(secured["PLAINTEXT"]) as admin:
+        assert await _topic_codes(admin, ["marked"]) == {"marked": 0}
+
+
+def _delete_code(response):
+    return int(response.responses[0].error_code)
