@@ -468,6 +468,27 @@ def _elect_leaders(topic):
                 timeout=datetime.timedelta(seconds=10))
 
 
+def _add_partitions(transactional_id, topic):
+    return _req(ApiKey.ADD_PARTITIONS_TO_TXN, 3, v3_and_below_transactional_id=transactional_id,
+                v3_and_below_producer_id=1, v3_and_below_producer_epoch=0,
+                v3_and_below_topics=(build(_n(24, 3, "AddPartitionsToTxnTopic"), name=topic,
+                                           partitions=(0,)),))
+
+
+def _txn_offset_commit(transactional_id, group, topic):
+    part = build(_n(28, 3, "TxnOffsetCommitRequestPartition"), partition_index=0,
+                 committed_offset=0, committed_leader_epoch=-1, committed_metadata=None)
+    return _req(ApiKey.TXN_OFFSET_COMMIT, 3, transactional_id=transactional_id,
+                group_id=group, producer_id=1, producer_epoch=0, generation_id=-1,
+                member_id="", group_instance_id=None, topics=(build(
+                    _n(28, 3, "TxnOffsetCommitRequestTopic"), name=topic, partitions=(part,)),))
+
+
+def _txn_code(response):
+    return int(response.results_by_topic_v3_and_below[0].results_by_partition[0]
+               .partition_error_code)
+
+
 def _topic_code(response):
     return int(response.topics[0].error_code)
 
@@ -573,9 +594,21 @@ ROWS = [
      [("CLUSTER", "kafka-cluster", "ALTER")],
      lambda r: int(r.replica_election_results[0].partition_result[0].error_code),
      CLUSTER_AUTH, 84),  # ELECTION_NOT_NEEDED
+    ("AddPartitionsToTxn writes the transactional id", _add_partitions("tx-add", "t-txn"),
+     [("TRANSACTIONAL_ID", "tx-add", "WRITE")], _txn_code, TXN_AUTH, TOPIC_AUTH),
+    ("AddPartitionsToTxn writes the topic", _add_partitions("tx-add", "t-txn"),
+     [("TOPIC", "t-txn", "WRITE")], _txn_code, TOPIC_AUTH, 49),
+    ("TxnOffsetCommit writes the transactional id", _txn_offset_commit("tx-toc", "g-toc",
+                                                                       "t-txn2"),
+     [("TRANSACTIONAL_ID", "tx-toc", "WRITE")], _partition_code, TXN_AUTH, GROUP_AUTH),
+    ("TxnOffsetCommit reads the group", _txn_offset_commit("tx-toc", "g-toc", "t-txn2"),
+     [("GROUP", "g-toc", "READ")], _partition_code, GROUP_AUTH, TOPIC_AUTH),
+    ("TxnOffsetCommit reads the topic", _txn_offset_commit("tx-toc", "g-toc", "t-txn2"),
+     [("TOPIC", "t-txn2", "READ")], _partition_code, TOPIC_AUTH, 49),
 ]
 TOPICS = ("t-meta", "t-produce", "t-fetch", "t-list", "t-epoch", "t-del", "t-commit",
-          "t-cfg", "t-cfg2", "t-grow", "t-records", "t-dtp", "t-dprod")
+          "t-cfg", "t-cfg2", "t-grow", "t-records", "t-dtp", "t-dprod", "t-txn",
+          "t-txn2")
 
 
 async def _wait_code(client, request, code_of, expected, what, timeout=10.0):
