@@ -158,6 +158,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     quota_window_num: int = 11
     quota_window_size_seconds: float = 1.0
 
+    # The authorizer (mink/broker/security/authorizer.py; Kafka's authorizer.class.name): off,
+    # everyone may do everything and the ACL APIs answer SECURITY_DISABLED. super_users is
+    # Kafka's super.users (`User:admin;User:other`); allow_everyone_if_no_acl_found Kafka's
+    # allow.everyone.if.no.acl.found.
+    authorizer_enabled: bool = False
+    super_users: str = ""
+    allow_everyone_if_no_acl_found: bool = False
+
     # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
     # off no metric is kept either.
     admin_listener: str | None = None

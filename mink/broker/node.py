@@ -31,6 +31,7 @@ from mink.broker.config import Config
 from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.logs import bind_node
 from mink.broker.quotas.manager import QuotaManager
+from mink.broker.security.authorizer import Authorizer
 from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.security.listeners import advertise
@@ -86,6 +87,7 @@ class Node:
         self.transactions = TransactionCoordinator(self)  # transactional ids
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
         self.quotas = QuotaManager(self)  # client quotas, read when the view moves
+        self.authorizer = Authorizer(self)  # ACLs, read when the view moves (off by default)
         self.fetch_sessions = FetchSessionCache(  # KIP-227 incremental fetch sessions
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms / 1000)

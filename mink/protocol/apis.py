@@ -34,6 +34,9 @@ class ApiKey(enum.IntEnum):
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     ALTER_REPLICA_LOG_DIRS = 34
@@ -110,6 +113,10 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     # (Debian's kcat) wants v0 in the range before it uses SASL; clients pick v1.
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
+    # ACLs (KIP-290 prefixed patterns from v1; v0 is gone from Kafka 4, KIP-896)
+    ApiKey.DESCRIBE_ACLS: (1, 3),
+    ApiKey.CREATE_ACLS: (1, 3),
+    ApiKey.DELETE_ACLS: (1, 3),
     # SCRAM credentials (KIP-554)
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),

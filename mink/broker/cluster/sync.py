@@ -122,6 +122,7 @@ class PartitionSync:
         if view != node.view and view.version >= node.view.version:
             node.view = view
         await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
+        await node.authorizer.refresh(node.view.version)  # ACLs, likewise
         await self.sync_partitions()
         node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
 

@@ -1,9 +1,9 @@
 """KIP-430 authorized operations: the bit field DescribeGroups, DescribeCluster, Metadata and
 DescribeTopicPartitions return when a client asks for it.
 
-There are no ACLs yet, so every principal may do everything: each resource answers every
+Without an authorizer every principal may do everything: each resource answers every
 operation Kafka defines for its type (Kafka's `AclEntry.supportedOperations`), never ALL or
-ANY. When the authorizer comes (mink/broker/security/), these become its answers.
+ANY. With one, `Authorizer.*_operations` (authorizer.py) answers the operations allowed.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import enum
 class AclOperation(enum.IntEnum):
     """Kafka's AclOperation codes: bit n of the field means operation n is allowed."""
 
+    UNKNOWN = 0
+    ANY = 1
+    ALL = 2
     READ = 3
     WRITE = 4
     CREATE = 5
@@ -36,6 +39,12 @@ _GROUP = (AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE)
 _CLUSTER = (AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS,
             AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,
             AclOperation.DESCRIBE)
+
+
+# The operations each resource type supports (Kafka's AclEntry.supportedOperations)
+TOPIC_SUPPORTED = _TOPIC
+GROUP_SUPPORTED = _GROUP
+CLUSTER_SUPPORTED = _CLUSTER
 
 
 def _bits(operations) -> int:

@@ -3,6 +3,7 @@
 from mink.protocol.apis import ADVERTISED, ApiKey
 
 from . import (
+    acls,
     add_offsets_to_txn,
     add_partitions_to_txn,
     alter_client_quotas,
@@ -96,6 +97,9 @@ HANDLERS = {
     ApiKey.LIST_TRANSACTIONS: list_transactions.handle,
     ApiKey.DESCRIBE_CLIENT_QUOTAS: describe_client_quotas.handle,
     ApiKey.ALTER_CLIENT_QUOTAS: alter_client_quotas.handle,
+    ApiKey.CREATE_ACLS: acls.create,
+    ApiKey.DESCRIBE_ACLS: acls.describe,
+    ApiKey.DELETE_ACLS: acls.delete,
     ApiKey.SASL_HANDSHAKE: sasl_handshake.handle,
     ApiKey.SASL_AUTHENTICATE: sasl_authenticate.handle,
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials.handle,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import WRITE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.protocol.topics import INTERNAL_TOPICS
@@ -18,8 +19,16 @@ async def handle(node, ctx, request):
     topic_schema = nested(schema, "AddPartitionsToTxnTopicResult")
     partition_schema = nested(schema, "AddPartitionsToTxnPartitionResult")
 
+    authorizer = node.authorizer
+
     async def one(transactional_id, producer_id, epoch, topics, verify_only=False):
         errors, known = _resolve(node, topics)
+        if not authorizer.transactional_id(ctx, WRITE, transactional_id):
+            errors = dict.fromkeys(errors, ErrorCode.transactional_id_authorization_failed)
+        else:  # WRITE on each topic, asked before whether it exists (Kafka's order)
+            allowed = authorizer.topics(ctx, WRITE, {name for name, _ in errors})
+            errors = {k: e if k[0] in allowed else ErrorCode.topic_authorization_failed
+                      for k, e in errors.items()}
         if not any(errors.values()):
             method = (node.transactions.verify_partitions if verify_only
                       else node.transactions.add_partitions)

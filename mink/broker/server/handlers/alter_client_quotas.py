@@ -13,6 +13,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.quotas.entities import InvalidQuota, check_value, parse_entity
+from mink.broker.security.authorizer import ALTER_CONFIGS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
@@ -26,9 +27,14 @@ async def handle(node, ctx, request):
     results: list[tuple[ErrorCode, str | None, tuple]] = []
     ops = []
     stored_at: list[int] = []  # indexes of results whose ops were stored
+    authorized = node.authorizer.cluster(ctx, ALTER_CONFIGS)
     for entry in request.entries:
         entity = tuple(entity_schema(entity_type=e.entity_type, entity_name=e.entity_name)
                        for e in entry.entity)
+        if not authorized:
+            results.append((ErrorCode.cluster_authorization_failed,
+                            "Cluster authorization failed.", entity))
+            continue
         try:
             parsed = parse_entity((e.entity_type, e.entity_name) for e in entry.entity)
             seen: set[str] = set()

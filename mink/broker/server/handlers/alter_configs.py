@@ -3,6 +3,7 @@ defaults, as in Kafka). The change itself is `mink/broker/topics/changes.py`."""
 
 from __future__ import annotations
 
+from mink.broker.security.authorizer import ALTER_CONFIGS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.changes import TOPIC, change_topic_config, refuse_non_topic
 from mink.broker.topics.config import validate_topic_config
@@ -15,7 +16,11 @@ async def handle(node, ctx, request):
     result_schema = nested(schema, "AlterConfigsResourceResponse")
     results = []
     for resource in request.resources:
-        if resource.resource_type != TOPIC:
+        refused = node.authorizer.config_refusal(ctx, ALTER_CONFIGS, resource.resource_type,
+                                                 resource.resource_name)
+        if refused:
+            error, message = refused
+        elif resource.resource_type != TOPIC:
             error, message = refuse_non_topic(resource.resource_type, resource.resource_name)
         else:
             wanted = {c.name: c.value for c in resource.configs}

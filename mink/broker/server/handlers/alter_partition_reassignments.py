@@ -15,6 +15,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.forwarding import forward_unless_coordinator
+from mink.broker.security.authorizer import ALTER
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -47,6 +48,12 @@ def plan(view, name: str, index: int, replicas, allow_rf_change: bool
 
 
 async def handle(node, ctx, request):
+    if not node.authorizer.cluster(ctx, ALTER):
+        ctx.applied()
+        return _answer(response_schema(ctx.header.api_key, ctx.header.api_version), request,
+                       {}, bool(getattr(request, "allow_replication_factor_change", True)),
+                       ErrorCode.cluster_authorization_failed,
+                       "Cluster authorization failed.")
     forwarded = await forward_unless_coordinator(node, ctx, request)
     if forwarded is not None:
         return forwarded

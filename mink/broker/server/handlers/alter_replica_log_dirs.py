@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import ALTER
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.describe_log_dirs import log_dir
 from mink.protocol.messages import build, nested, response_schema
@@ -26,6 +27,7 @@ def _error(node, path: str, name: str, index: int) -> ErrorCode:
 async def handle(node, ctx, request):
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    authorized = node.authorizer.cluster(ctx, ALTER)
     by_topic: dict[str, list] = {}
     partition_schema = nested(schema, "AlterReplicaLogDirPartitionResult")
     for directory in request.dirs:
@@ -33,7 +35,8 @@ async def handle(node, ctx, request):
             for index in topic.partitions:
                 by_topic.setdefault(topic.name, []).append(build(
                     partition_schema, partition_index=index,
-                    error_code=_error(node, directory.path, topic.name, index)))
+                    error_code=_error(node, directory.path, topic.name, index)
+                    if authorized else ErrorCode.cluster_authorization_failed))
     topic_schema = nested(schema, "AlterReplicaLogDirTopicResult")
     return build(schema, throttle_time=NO_THROTTLE, results=tuple(
         build(topic_schema, topic_name=name, partitions=tuple(parts))

@@ -10,6 +10,7 @@ from collections import Counter
 from kio.schema.errors import ErrorCode
 
 from mink.protocol.scram import BY_CODE, credential_from_salted
+from mink.broker.security.authorizer import ALTER
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane.security import (
@@ -41,6 +42,9 @@ async def handle(node, ctx, request):
     ops = [(op, False) for op in request.deletions] + [(op, True) for op in request.upsertions]
     twice = Counter((op.name, op.mechanism) for op, _ in ops)
     errors: dict[str, tuple[ErrorCode, str]] = {}
+    if not node.authorizer.cluster(ctx, ALTER):
+        errors = {op.name: (ErrorCode.cluster_authorization_failed,
+                            "Cluster authorization failed.") for op, _ in ops}
     for op, upsert in ops:
         if op.name in errors:
             continue

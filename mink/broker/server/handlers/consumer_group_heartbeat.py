@@ -8,6 +8,7 @@ import datetime
 from kio.schema.errors import ErrorCode
 
 from mink.broker.groups.consumer_coordinator import HeartbeatResult
+from mink.broker.security.authorizer import DESCRIBE, READ
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.join_group import client_host
 from mink.protocol.messages import build, nested, response_schema
@@ -22,6 +23,21 @@ def _ms(value) -> int:
 async def handle(node, ctx, request):
     ctx.applied()
     version = ctx.header.api_version
+    schema = response_schema(ctx.header.api_key, version)
+    # READ on the group, DESCRIBE on every subscribed topic (Kafka's order)
+    authorizer = node.authorizer
+    refused = None
+    if not authorizer.group(ctx, READ, request.group_id):
+        refused = ErrorCode.group_authorization_failed
+    elif request.subscribed_topic_names and len(authorizer.topics(
+            ctx, DESCRIBE, request.subscribed_topic_names)) < len(
+            set(request.subscribed_topic_names)):
+        refused = ErrorCode.topic_authorization_failed
+    if refused is not None:
+        return build(schema, throttle_time=NO_THROTTLE, error_code=refused,
+                     error_message=None, member_id=request.member_id,
+                     member_epoch=request.member_epoch,
+                     heartbeat_interval=datetime.timedelta(0), assignment=None)
     owned = (None if request.topic_partitions is None
              else [(tp.topic_id, list(tp.partitions)) for tp in request.topic_partitions])
     result = node.groups.consumer.heartbeat(

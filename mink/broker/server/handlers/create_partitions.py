@@ -3,12 +3,15 @@ or the one live broker per partition a manual assignment names."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.forwarding import forward_unless_coordinator
+from mink.broker.security.authorizer import ALTER
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.create_topics import (
     MAX_PARTITIONS_PER_REQUEST,
@@ -24,14 +27,25 @@ log = logging.getLogger(__name__)
 
 
 async def handle(node, ctx, request):
-    forwarded = await forward_unless_coordinator(node, ctx, request)
-    if forwarded is not None:
-        return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "CreatePartitionsTopicResult")
+    # ALTER on each topic, here, before forwarding: the coordinator does not check
+    # forwarded requests again, so only the allowed topics are sent on.
+    denied = {t.name: build(result_schema, name=t.name,
+                            error_code=ErrorCode.topic_authorization_failed,
+                            error_message="Authorization failed.")
+              for t in request.topics if not node.authorizer.topic(ctx, ALTER, t.name)}
+    if denied:
+        request = dataclasses.replace(request, topics=tuple(
+            t for t in request.topics if t.name not in denied))
+    forwarded = await forward_unless_coordinator(node, ctx, request) if request.topics \
+        else None
+    if forwarded is not None:
+        return dataclasses.replace(forwarded,
+                                   results=forwarded.results + tuple(denied.values()))
     counts = Counter(t.name for t in request.topics)
     total = sum(max(t.count, 0) for t in request.topics)
-    results: dict[str, object] = {}
+    results: dict[str, object] = dict(denied)
     for topic in request.topics:
         name = topic.name
         if name in results:

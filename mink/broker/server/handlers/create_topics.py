@@ -8,6 +8,8 @@ partition, which becomes its leader.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import uuid
 from collections import Counter
@@ -49,11 +51,20 @@ class Plan:
 
 
 async def handle(node, ctx, request):
-    forwarded = await forward_unless_coordinator(node, ctx, request)
-    if forwarded is not None:
-        return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
-    results: dict[str, object] = {}
+    # CREATE on the cluster or the topic, here, before forwarding: the coordinator does not
+    # check forwarded requests again, so only the allowed topics are sent on.
+    denied = {t.name: _refused(schema, t.name, Refused(
+        ErrorCode.topic_authorization_failed, "Authorization failed."))
+        for t in request.topics if not node.authorizer.may_create_topic(ctx, t.name)}
+    if denied:
+        request = dataclasses.replace(request, topics=tuple(
+            t for t in request.topics if t.name not in denied))
+    forwarded = await forward_unless_coordinator(node, ctx, request) if request.topics \
+        else None
+    if forwarded is not None:
+        return dataclasses.replace(forwarded, topics=forwarded.topics + tuple(denied.values()))
+    results: dict[str, object] = dict(denied)
     counts = Counter(t.name for t in request.topics)
     total = sum(_requested_partitions(node, t) for t in request.topics)
     for topic in request.topics:

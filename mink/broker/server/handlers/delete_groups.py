@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from kio.schema.errors import ErrorCode
+
+from mink.broker.security.authorizer import DELETE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
 
 async def handle(node, ctx, request):
     names = list(dict.fromkeys(request.groups_names))
-    results = await node.groups.delete_groups(names)
+    allowed = [n for n in names if node.authorizer.group(ctx, DELETE, n)]
+    results = await node.groups.delete_groups(allowed) if allowed else {}
+    results = {n: results.get(n, ErrorCode.group_authorization_failed) for n in names}
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     entry = nested(schema, "DeletableGroupResult")

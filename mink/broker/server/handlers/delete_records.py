@@ -9,6 +9,7 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import DELETE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import locate
 from mink.protocol.messages import build, nested, response_schema
@@ -31,8 +32,11 @@ async def handle(node, ctx, request):
     topics = []
     for topic in request.topics:
         partitions = []
+        allowed = node.authorizer.topic(ctx, DELETE, topic.name)
         for p in topic.partitions:
-            error, low_watermark = await _delete(node, topic.name, p.partition_index, p.offset)
+            error, low_watermark = await _delete(
+                node, topic.name, p.partition_index, p.offset) if allowed \
+                else (ErrorCode.topic_authorization_failed, -1)
             partitions.append(partition_schema(partition_index=p.partition_index,
                                                low_watermark=low_watermark, error_code=error))
         topics.append(nested(schema, "DeleteRecordsTopicResult")(

@@ -4,6 +4,8 @@ same name has a new topic id and starts empty."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import uuid
 from collections import Counter
@@ -12,6 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.forwarding import forward_unless_coordinator
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.security.authorizer import DELETE
 from mink.broker.server.handlers.create_topics import Refused
 from mink.broker.topics.admin import NotClusterCoordinator
 from mink.protocol.messages import build, nested, response_schema
@@ -24,11 +27,15 @@ ZERO_UUID = uuid.UUID(int=0)
 
 
 async def handle(node, ctx, request):
-    forwarded = await forward_unless_coordinator(node, ctx, request)
-    if forwarded is not None:
-        return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "DeletableTopicResult")
+    # DELETE on each topic, here, before forwarding: the coordinator does not check
+    # forwarded requests again, so only the allowed topics are sent on.
+    request, denied = _authorized(node, ctx, request, result_schema)
+    forwarded = await forward_unless_coordinator(node, ctx, request) if not (
+        denied and _empty(ctx, request)) else None
+    if forwarded is not None:
+        return dataclasses.replace(forwarded, responses=forwarded.responses + denied)
     if ctx.header.api_version >= 6:
         wanted = [(t.name, t.topic_id if t.topic_id != ZERO_UUID else None)
                   for t in request.topics]
@@ -37,7 +44,7 @@ async def handle(node, ctx, request):
     names = Counter(name for name, topic_id in wanted if topic_id is None)
     ids = Counter(topic_id for name, topic_id in wanted if name is None and topic_id is not None)
 
-    results = []
+    results = list(denied)
     seen: set = set()
     for name, topic_id in wanted:
         try:
@@ -68,6 +75,38 @@ async def handle(node, ctx, request):
     # other nodes follow through the change log.
     ctx.applied()
     return build(schema, throttle_time=NO_THROTTLE, responses=tuple(results))
+
+
+def _empty(ctx, request) -> bool:
+    return not (request.topics if ctx.header.api_version >= 6 else request.topic_names)
+
+
+def _authorized(node, ctx, request, result_schema):
+    """The request without the topics the principal may not delete, and their answers."""
+    authorizer = node.authorizer
+    if not authorizer.enabled:
+        return request, ()
+    denied = []
+
+    def allowed(name, topic_id) -> bool:
+        if name is None and topic_id is not None:
+            known = node.view.topic_by_id(topic_id)
+            if known is None:
+                return True  # answered UNKNOWN_TOPIC_ID
+            name = known.name
+        if name is None or authorizer.topic(ctx, DELETE, name):
+            return True
+        denied.append(build(result_schema, name=name, topic_id=topic_id or ZERO_UUID,
+                            error_code=ErrorCode.topic_authorization_failed,
+                            error_message="Authorization failed."))
+        return False
+
+    if ctx.header.api_version >= 6:
+        kept = tuple(t for t in request.topics if allowed(
+            t.name, t.topic_id if t.topic_id != ZERO_UUID else None))
+        return dataclasses.replace(request, topics=kept), tuple(denied)
+    kept = tuple(n for n in request.topic_names if allowed(n, None))
+    return dataclasses.replace(request, topic_names=kept), tuple(denied)
 
 
 async def delete_topic(node, name: str | None, topic_id: uuid.UUID | None):

@@ -16,6 +16,7 @@ from mink.broker.quotas.entities import (
     matches,
     parse_filter,
 )
+from mink.broker.security.authorizer import DESCRIBE_CONFIGS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -23,6 +24,10 @@ from mink.protocol.messages import build, nested, response_schema
 async def handle(node, ctx, request):
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    if not node.authorizer.cluster(ctx, DESCRIBE_CONFIGS):
+        return build(schema, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.cluster_authorization_failed,
+                     error_message="Cluster authorization failed.", entries=None)
     try:
         wanted = parse_filter((c.entity_type, int(c.match_type), c.match)
                               for c in request.components)

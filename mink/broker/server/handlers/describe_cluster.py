@@ -6,7 +6,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.security.operations import OMITTED, cluster_operations
+from mink.broker.security.operations import OMITTED
 from mink.protocol.messages import build, nested, response_schema
 
 BROKERS, CONTROLLERS = 1, 2  # Kafka's EndpointType
@@ -40,5 +40,5 @@ async def handle(node, ctx, request):
                             port=b.endpoint(ctx.listener_name)[1], rack=b.rack,
                             is_fenced=False)
                       for b in sorted(view.brokers.values(), key=lambda b: b.node_id)),
-        cluster_authorized_operations=cluster_operations(
-            bool(request.include_cluster_authorized_operations)))
+        cluster_authorized_operations=node.authorizer.cluster_operations(
+            ctx, bool(request.include_cluster_authorized_operations)))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from mink.broker.config import Config
+from mink.broker.security.authorizer import DESCRIBE_CONFIGS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.config import IGNORED_KAFKA_SETTINGS, TOPIC_SETTINGS, broker_default
 from mink.protocol.messages import build, nested, response_schema
@@ -186,7 +187,10 @@ async def handle(node, ctx, request):
 
     results = []
     for resource in request.resources:
-        error, message, entries = _describe(node, resource)
+        refused = node.authorizer.config_refusal(ctx, DESCRIBE_CONFIGS,
+                                                 resource.resource_type,
+                                                 resource.resource_name)
+        error, message, entries = (*refused, []) if refused else _describe(node, resource)
         keys = resource.configuration_keys
         if keys:  # null or empty: every key, as Kafka does
             wanted = set(keys)

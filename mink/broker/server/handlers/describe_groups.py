@@ -5,8 +5,9 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.groups.state import GroupState, GroupSummary
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.security.operations import OMITTED, group_operations
+from mink.broker.security.operations import OMITTED
 from mink.protocol.messages import build, nested, response_schema
 
 DEAD = GroupState.DEAD.value
@@ -19,11 +20,17 @@ async def handle(node, ctx, request):
     group_schema = nested(schema, "DescribedGroup")
     member_schema = nested(schema, "DescribedGroupMember")
     described = []
-    operations = group_operations(bool(getattr(request, "include_authorized_operations",
-                                               False)))
+    asked = bool(getattr(request, "include_authorized_operations", False))
     for group_id in request.groups:
+        if not node.authorizer.group(ctx, DESCRIBE, group_id):
+            described.append(build(
+                group_schema, error_code=ErrorCode.group_authorization_failed,
+                error_message=None, group_id=group_id, group_state="", protocol_type="",
+                protocol_data="", authorized_operations=OMITTED, members=()))
+            continue
         error, summary = node.groups.describe_group(group_id)
-        message, group_ops = None, operations
+        message = None
+        group_ops = node.authorizer.group_operations(ctx, group_id, asked)
         if version >= 6 and not error and summary.state == DEAD:
             # v6 (KIP-1043): a group that does not exist is an error, not a Dead group,
             # answered as Kafka's DescribeGroupsResponse.groupError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
@@ -24,6 +25,9 @@ def log_dir(node) -> str:
 async def handle(node, ctx, request):
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    if not node.authorizer.cluster(ctx, DESCRIBE):
+        return build(schema, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.cluster_authorization_failed, results=())
     view = node.view
     if request.topics is None:
         wanted = {(name, p.index) for name, t in view.topics.items() for p in t.partitions}

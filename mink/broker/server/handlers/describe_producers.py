@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import READ
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.producer_state import NO_OFFSET
@@ -22,7 +23,9 @@ async def handle(node, ctx, request):
         partitions = []
         for index in topic_request.partition_indexes:
             error, message, producers = ErrorCode.none, None, ()
-            if topic is None or not 0 <= index < len(topic.partitions):
+            if not node.authorizer.topic(ctx, READ, topic_request.name):
+                error = ErrorCode.topic_authorization_failed
+            elif topic is None or not 0 <= index < len(topic.partitions):
                 error = ErrorCode.unknown_topic_or_partition
             else:
                 partition_log = node.leader_log(topic, index)

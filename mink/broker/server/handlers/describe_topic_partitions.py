@@ -12,6 +12,8 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.cluster.view import ClusterView
 from mink.broker.security.operations import TOPIC_OPERATIONS
+from mink.broker.security.authorizer import DESCRIBE
+from mink.broker.security.operations import OMITTED
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.topic_ids import ZERO_UUID
 from mink.protocol.messages import build, nested, response_schema
@@ -24,6 +26,9 @@ async def handle(node, ctx, request):
     view: ClusterView = node.view
     # An empty list asks for every topic.
     names = sorted({t.name for t in request.topics}) if request.topics else sorted(view.topics)
+    authorizer = node.authorizer
+    if not request.topics:
+        names = sorted(authorizer.topics(ctx, DESCRIBE, names))
     cursor = request.cursor
     if cursor is not None:
         names = [n for n in names if n >= cursor.topic_name]
@@ -31,6 +36,12 @@ async def handle(node, ctx, request):
     topics, next_cursor = [], None
     for name in names:
         topic = view.topics.get(name)
+        if not authorizer.topic(ctx, DESCRIBE, name):
+            topics.append(build(nested(schema, "DescribeTopicPartitionsResponseTopic"),
+                                error_code=ErrorCode.topic_authorization_failed, name=name,
+                                topic_id=ZERO_UUID, is_internal=False, partitions=(),
+                                topic_authorized_operations=OMITTED))
+            continue
         if topic is None:
             error = (ErrorCode.invalid_topic_exception if topic_name_error(name) else
                      ErrorCode.unknown_topic_or_partition)
@@ -54,7 +65,8 @@ async def handle(node, ctx, request):
                                 error_code=ErrorCode.none, name=name,
                                 topic_id=topic.topic_id, is_internal=name in INTERNAL_TOPICS,
                                 partitions=tuple(partitions),
-                                topic_authorized_operations=TOPIC_OPERATIONS))
+                                topic_authorized_operations=authorizer.topic_operations(
+                                    ctx, name, True)))
         if next_cursor is not None:
             break
     return build(schema, throttle_time=NO_THROTTLE, topics=tuple(topics),

@@ -3,8 +3,11 @@ read from PostgreSQL."""
 
 from __future__ import annotations
 
+from kio.schema.errors import ErrorCode
+
 import datetime
 
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -19,8 +22,12 @@ async def handle(node, ctx, request):
     state_schema = nested(schema, "TransactionState")
     topic_schema = nested(schema, "TopicData")
     states = []
-    for transactional_id, error, txn in await node.transactions.describe(
-            list(request.transactional_ids)):
+    allowed = [t for t in request.transactional_ids
+               if node.authorizer.transactional_id(ctx, DESCRIBE, t)]
+    described = await node.transactions.describe(allowed) if allowed else []
+    described += [(t, ErrorCode.transactional_id_authorization_failed, None)
+                  for t in request.transactional_ids if t not in allowed]
+    for transactional_id, error, txn in described:
         if txn is None:
             states.append(build(state_schema, error_code=error,
                                 transactional_id=transactional_id, transaction_state="",

@@ -8,6 +8,7 @@ from collections import Counter
 from kio.schema.errors import ErrorCode
 
 from mink.protocol.scram import MECHANISMS
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane.security import described_credentials
@@ -17,6 +18,10 @@ async def handle(node, ctx, request):
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result = nested(schema, "DescribeUserScramCredentialsResult")
     info = nested(schema, "CredentialInfo")
+    if not node.authorizer.cluster(ctx, DESCRIBE):
+        return build(schema, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.cluster_authorization_failed,
+                     error_message="Cluster authorization failed.", results=())
     stored: dict[str, list] = {}
     for user, mechanism, iterations in await described_credentials(node.metadata):
         stored.setdefault(user, []).append(

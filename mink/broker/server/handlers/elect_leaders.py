@@ -15,6 +15,7 @@ from collections import Counter
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.forwarding import forward_unless_coordinator
+from mink.broker.security.authorizer import ALTER
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -55,7 +56,8 @@ def plan(view, wanted: list[tuple[str, int]], election_type: int
 
 
 async def handle(node, ctx, request):
-    forwarded = await forward_unless_coordinator(node, ctx, request)
+    authorized = node.authorizer.cluster(ctx, ALTER)
+    forwarded = await forward_unless_coordinator(node, ctx, request) if authorized else None
     if forwarded is not None:
         return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
@@ -67,7 +69,10 @@ async def handle(node, ctx, request):
                   for p in t.partitions]
     else:
         wanted = [(t.topic, i) for t in request.topic_partitions for i in t.partitions]
-    if election_type not in (PREFERRED, UNCLEAN):
+    if not authorized:
+        results = {key: (ErrorCode.cluster_authorization_failed, None) for key in wanted}
+        moves, moved = [], []
+    elif election_type not in (PREFERRED, UNCLEAN):
         results = {key: (ErrorCode.invalid_request, f"unknown election type {election_type}")
                    for key in wanted}
         moves, moved = [], []

@@ -16,6 +16,7 @@ import struct
 import trio
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import READ
 from mink.broker.server import fetch_sessions as sessions
 from mink.broker.server.errors import error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
@@ -64,6 +65,7 @@ async def handle(node, ctx, request):
         if session is not None:
             for read in reads:
                 session.partitions[read.key] = sessions.CachedPartition(read.request)
+    _authorize(node, ctx, reads)
     deadline = trio.current_time() + request.max_wait.total_seconds()
     committed_only = request.isolation_level == read_committed.READ_COMMITTED
     quota = node.quotas.fetch
@@ -95,6 +97,16 @@ async def handle(node, ctx, request):
         reads = _answered_in_session(session, reads, incremental)
     session_id = session.id if session is not None else sessions.INVALID_SESSION_ID
     return _response(node, version, reads, session_id, ctx.listener_name)
+
+
+def _authorize(node, ctx, reads: list[_Read]) -> None:
+    """READ on each topic, asked before whether it exists (Kafka's order)."""
+    if not node.authorizer.enabled:
+        return
+    for read in reads:
+        if read.topic is not None and not node.authorizer.topic(ctx, READ, read.topic):
+            read.located = Located(ErrorCode.topic_authorization_failed)
+            read.error = ErrorCode.topic_authorization_failed
 
 
 def _session_for(node, request, version: int):

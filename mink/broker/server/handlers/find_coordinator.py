@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -20,10 +21,20 @@ async def handle(node, ctx, request):
     if version >= 4:
         entry = nested(schema, "Coordinator")
         return build(schema, throttle_time=NO_THROTTLE, coordinators=tuple(
-            build(entry, key=key, **_find(node, key, key_type, ctx.listener_name))
+            build(entry, key=key, **_authorized_find(node, ctx, key, key_type))
             for key in request.coordinator_keys))
-    return build(schema, throttle_time=NO_THROTTLE, **_find(node, request.key, key_type,
-                                                          ctx.listener_name))
+    return build(schema, throttle_time=NO_THROTTLE, **_authorized_find(node, ctx, request.key,
+                                                                     key_type))
+
+
+def _authorized_find(node, ctx, key: str, key_type: int) -> dict:
+    """DESCRIBE on the group, or on the transactional id (Kafka's order: before looking)."""
+    if key_type == GROUP and not node.authorizer.group(ctx, DESCRIBE, key):
+        return _error(ErrorCode.group_authorization_failed, "Group authorization failed.")
+    if key_type == TRANSACTION and not node.authorizer.transactional_id(ctx, DESCRIBE, key):
+        return _error(ErrorCode.transactional_id_authorization_failed,
+                      "Transactional Id authorization failed.")
+    return _find(node, key, key_type, ctx.listener_name)
 
 
 def _find(node, key: str, key_type: int, listener: str | None = None) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import trio
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import WRITE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.transactions.producer_ids import WAIT_FOR_BLOCK_S, ProducerIdsUnavailable
 from mink.protocol.messages import build, response_schema
@@ -24,6 +25,12 @@ async def handle(node, ctx, request):
         return build(schema, throttle_time=NO_THROTTLE, error_code=error,
                      producer_id=producer_id, producer_epoch=epoch)
 
+    authorizer = node.authorizer
+    if request.transactional_id is not None:
+        if not authorizer.transactional_id(ctx, WRITE, request.transactional_id):
+            return answer(ErrorCode.transactional_id_authorization_failed)
+    elif not authorizer.idempotent_write(ctx):  # KIP-679
+        return answer(ErrorCode.cluster_authorization_failed)
     current_id = getattr(request, "producer_id", -1)
     current_epoch = getattr(request, "producer_epoch", -1)
     if request.transactional_id is not None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 
+from kio.schema.errors import ErrorCode
+
+from mink.broker.security.authorizer import READ
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -20,6 +23,12 @@ async def handle(node, ctx, request):
     session_timeout_ms = request.session_timeout // MS
     rebalance_timeout_ms = (request.rebalance_timeout // MS if version >= 1
                             else session_timeout_ms)
+    if not node.authorizer.group(ctx, READ, request.group_id):
+        ctx.applied()
+        return build(response_schema(ctx.header.api_key, version), throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.group_authorization_failed, generation_id=-1,
+                     protocol_type=None, protocol_name=None if version >= 7 else "",
+                     leader="", member_id=request.member_id, members=())
     waiter = node.groups.join_group(
         request.group_id, request.member_id, getattr(request, "group_instance_id", None),
         require_known_member_id=version >= 4, client_id=ctx.header.client_id or "",

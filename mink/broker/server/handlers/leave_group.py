@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import READ
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -14,7 +15,10 @@ async def handle(node, ctx, request):
         leaving = [(m.member_id, m.group_instance_id) for m in request.members]
     else:
         leaving = [(request.member_id, None)]
-    error, member_errors = node.groups.leave_group(request.group_id, leaving)
+    if not node.authorizer.group(ctx, READ, request.group_id):
+        error, member_errors = ErrorCode.group_authorization_failed, []
+    else:
+        error, member_errors = node.groups.leave_group(request.group_id, leaving)
     ctx.applied()
     schema = response_schema(ctx.header.api_key, version)
     if version < 3:

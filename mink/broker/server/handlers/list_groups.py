@@ -5,6 +5,7 @@ and "consumer" groups (ConsumerGroupHeartbeat), whose protocol type is "consumer
 
 from __future__ import annotations
 
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -20,6 +21,10 @@ async def handle(node, ctx, request):
     listed = [] if types and CLASSIC not in types else [(*g, CLASSIC) for g in groups]
     if not types or CONSUMER in types:
         listed += [(*g, CONSUMER) for g in node.groups.consumer.list_groups(states or None)]
+    # DESCRIBE on the cluster lists every group; otherwise the groups the principal describes
+    authorizer = node.authorizer
+    if not authorizer.cluster(ctx, DESCRIBE):
+        listed = [g for g in listed if authorizer.group(ctx, DESCRIBE, g[0])]
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     entry = nested(schema, "ListedGroup")
     return build(schema, throttle_time=NO_THROTTLE, error_code=error, groups=tuple(

@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.broker.security.authorizer import DESCRIBE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
 
@@ -25,9 +26,11 @@ async def handle(node, ctx, request):
     topics = []
     for topic in request.topics:
         partitions = []
+        allowed = node.authorizer.topic(ctx, DESCRIBE, topic.name)
         for p in topic.partitions:
             error, offset, timestamp, epoch = await _list_offset(
-                node, topic.name, p, getattr(request, "isolation_level", 0))
+                node, topic.name, p, getattr(request, "isolation_level", 0)) if allowed \
+                else (ErrorCode.topic_authorization_failed, -1, -1, -1)
             partitions.append(build(
                 partition_schema, partition_index=p.partition_index, error_code=error,
                 timestamp=timestamp, offset=offset, leader_epoch=epoch))

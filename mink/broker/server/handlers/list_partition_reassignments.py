@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.cluster.sync import view_from_snapshot
 from mink.broker.cluster.view import ClusterView
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
@@ -26,6 +27,10 @@ def in_progress(view: ClusterView, p) -> bool:
 async def handle(node, ctx, request):
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
+    if not node.authorizer.cluster(ctx, DESCRIBE):
+        return build(schema, throttle_time=NO_THROTTLE,
+                     error_code=ErrorCode.cluster_authorization_failed,
+                     error_message="Cluster authorization failed.", topics=())
     try:
         view = view_from_snapshot(await node.metadata.view())
     except MetadataUnavailable as exc:

@@ -3,6 +3,7 @@ of __transaction_state, with the state, producer id and (v1) duration filters.""
 
 from __future__ import annotations
 
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 
@@ -18,4 +19,5 @@ async def handle(node, ctx, request):
                  unknown_state_filters=tuple(unknown),
                  transaction_states=tuple(
                      build(state_schema, transactional_id=t, producer_id=pid,
-                           transaction_state=state) for t, pid, state in rows))
+                           transaction_state=state) for t, pid, state in rows
+                     if node.authorizer.transactional_id(ctx, DESCRIBE, t)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.groups.coordinator import OffsetEntry
+from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.transactions.offsets import mark_unstable, unstable_partitions
 from mink.protocol.messages import build, nested, response_schema
@@ -29,6 +30,24 @@ async def _fetch(node, group_id: str, requested, stable: bool, member_id=None,
     return error, entries
 
 
+async def _authorized_fetch(node, ctx, group_id: str, requested, stable: bool,
+                            member_id=None, member_epoch: int = -1):
+    """DESCRIBE on the group; topics the principal may not describe are
+    TOPIC_AUTHORIZATION_FAILED when asked for by name, left out when all are asked for."""
+    authorizer = node.authorizer
+    if not authorizer.group(ctx, DESCRIBE, group_id):
+        return ErrorCode.group_authorization_failed, []
+    error, entries = await _fetch(node, group_id, requested, stable, member_id, member_epoch)
+    if not authorizer.enabled:
+        return error, entries
+    allowed = authorizer.topics(ctx, DESCRIBE, {e.topic for e in entries})
+    if requested is None:
+        return error, [e for e in entries if e.topic in allowed]
+    return error, [e if e.topic in allowed else OffsetEntry(
+        e.topic, e.partition, -1, -1, "", ErrorCode.topic_authorization_failed)
+        for e in entries]
+
+
 async def handle(node, ctx, request):
     ctx.applied()
     version = ctx.header.api_version
@@ -38,7 +57,7 @@ async def handle(node, ctx, request):
         group_schema = nested(schema, "OffsetFetchResponseGroup")
         groups = []
         for group in request.groups:
-            error, entries = await _fetch(node, group.group_id, _requested(group.topics),
+            error, entries = await _authorized_fetch(node, ctx, group.group_id, _requested(group.topics),
                                           stable, getattr(group, "member_id", None),
                                           getattr(group, "member_epoch", -1))
             groups.append(build(group_schema, group_id=group.group_id, error_code=error,
@@ -46,7 +65,7 @@ async def handle(node, ctx, request):
                                                "OffsetFetchResponsePartitions", entries)))
         return build(schema, throttle_time=NO_THROTTLE, groups=tuple(groups))
     requested = _requested(request.topics)
-    error, entries = await _fetch(node, request.group_id, requested, stable)
+    error, entries = await _authorized_fetch(node, ctx, request.group_id, requested, stable)
     if error and version < 2:
         # no group-level error code before v2: every partition carries it
         entries = [OffsetEntry(topic, index, -1, -1, "", error)

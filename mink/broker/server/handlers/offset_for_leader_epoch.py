@@ -8,6 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.broker.security.authorizer import DESCRIBE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable, UnknownTopic
 
@@ -19,8 +20,10 @@ async def handle(node, ctx, request):
     topics = []
     for topic in request.topics:
         partitions = []
+        allowed = node.authorizer.topic(ctx, DESCRIBE, topic.topic)
         for p in topic.partitions:
-            error, epoch, end_offset = await _end_offset(node, topic.topic, p)
+            error, epoch, end_offset = await _end_offset(node, topic.topic, p) if allowed \
+                else (ErrorCode.topic_authorization_failed, -1, -1)
             partitions.append(build(result_schema, error_code=error, partition=p.partition,
                                     leader_epoch=epoch, end_offset=end_offset))
         topics.append(build(nested(schema, "OffsetForLeaderTopicResult"), topic=topic.topic,

@@ -10,6 +10,7 @@ import time
 import trio
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import WRITE
 from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.topics.config import is_compacted, topic_setting
@@ -65,10 +66,18 @@ async def handle(node, ctx, request):
 
     if request.acks not in (-1, 0, 1):
         return refuse_all(ErrorCode.invalid_required_acks)
+    authorizer = node.authorizer
+    if request.transactional_id is not None and not authorizer.transactional_id(
+            ctx, WRITE, request.transactional_id):
+        return refuse_all(ErrorCode.transactional_id_authorization_failed)
+    # WRITE on each topic, asked before whether it exists (Kafka's order)
+    denied = {t.name for t in request.topic_data} - authorizer.topics(
+        ctx, WRITE, (t.name for t in request.topic_data))
     deadline = trio.current_time() + request.timeout.total_seconds()
     if node.config.auto_create_topics_enable:
-        await node.topic_admin.auto_create_topics([t.name for t in request.topic_data
-                                       if t.name not in node.view.topics])
+        await node.topic_admin.auto_create_topics([
+            t.name for t in request.topic_data if t.name not in node.view.topics
+            and t.name not in denied and authorizer.may_create_topic(ctx, t.name)])
     streams = node.streams
     if streams is None or not node.membership.may_lead():
         return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
@@ -83,7 +92,9 @@ async def handle(node, ctx, request):
     unverified = await verify_transactional_batches(node, request)
     # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
     transactional = request.transactional_id is not None
-    results = {t.name: [_refused(p.index, *unverified[t.name, p.index])
+    results = {t.name: [_refused(p.index, ErrorCode.topic_authorization_failed)
+                        if t.name in denied else
+                        _refused(p.index, *unverified[t.name, p.index])
                         if (t.name, p.index) in unverified else
                         _append(node, t.name, p, version, transactional)
                         for p in t.partition_data]

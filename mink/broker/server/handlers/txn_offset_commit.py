@@ -7,6 +7,7 @@ from __future__ import annotations
 import trio
 from kio.schema.errors import ErrorCode
 
+from mink.broker.security.authorizer import READ, WRITE
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage import controlplane as md
@@ -29,10 +30,21 @@ async def handle(node, ctx, request):
     offsets = [(t.name, p.partition_index, p.committed_offset,
                 getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
                for t in request.topics for p in t.partitions]
+    authorizer = node.authorizer
+    if not authorizer.transactional_id(ctx, WRITE, request.transactional_id):
+        error = ErrorCode.transactional_id_authorization_failed
+    elif not authorizer.group(ctx, READ, request.group_id):
+        error = ErrorCode.group_authorization_failed
     results = {(o[0], o[1]): error for o in offsets}
     if not error:
+        allowed = authorizer.topics(ctx, READ, {o[0] for o in offsets})
+        for name, index, *_ in offsets:
+            if name not in allowed:
+                results[(name, index)] = ErrorCode.topic_authorization_failed
         for name, index, *_ in offsets:
             info = node.view.topics.get(name)
+            if results[(name, index)]:
+                continue
             if info is None or not 0 <= index < len(info.partitions):
                 results[(name, index)] = ErrorCode.unknown_topic_or_partition
         accepted = [o for o in offsets if not results[(o[0], o[1])]]
