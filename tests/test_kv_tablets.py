@@ -281,3 +281,28 @@ async def test_a_deleted_compacted_topic_leaves_no_snapshot_or_checkpoint_behind
         stored = set(await node.call(node.node.objects.list, KV_PREFIX))
         for key in gone:  # not queued: already collected from the store
             assert key not in stored, key
+
+
+async def test_a_lookup_on_the_leader_before_its_tablet_starts_is_loading_not_a_redirect():
+    """Right after a takeover the view names this node the leader before its tablet keeper
+    has started the tablet (it looks every 0.5 s): the lookup is retriable (503, `mink get`
+    retries), not a 421 naming this very node (which sent the SIGKILL test's lookups, and
+    any client, away with nowhere to go)."""
+    from mink.testing import open_node
+
+    async with open_node(proxy=False, **FAST) as node:
+        await node.create_topic("table", 1, {"cleanup.policy": "compact"})
+        await node.wait_led("table")
+        keeper = node.node.tablets
+        topic_id = node.node.view.topics["table"].topic_id
+
+        async def started() -> bool:
+            return (topic_id, 0) in keeper.tablets
+
+        await wait_until(started, "the tablet started")
+        entry = keeper.tablets.pop((topic_id, 0))  # as before the keeper's next look
+        try:
+            found = await node.call(keeper.lookup, "table", 0, b"k")
+        finally:
+            keeper.tablets.setdefault((topic_id, 0), entry)
+        assert found.status == "loading", found

@@ -204,7 +204,10 @@ class TabletKeeper:
             return Lookup("unknown_topic")
         entry = self.tablets.get((topic.topic_id, partition))
         if entry is None or entry.partition_log.closed is not None:
-            return Lookup("not_leader", leader=topic.partitions[partition].leader)
+            leader = topic.partitions[partition].leader
+            if leader == node.node_id:  # led here, the tablet not started yet: retriable
+                return Lookup("loading")
+            return Lookup("not_leader", leader=leader)
         if not entry.caught_up.is_set():
             return Lookup("loading")
         partition_log = entry.partition_log
