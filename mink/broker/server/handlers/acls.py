@@ -29,17 +29,21 @@ def _unavailable(exc: Exception) -> tuple[ErrorCode, str]:
     return ErrorCode.request_timed_out, f"the metadata store is unavailable: {exc}"
 
 
+def _refused(authorizer, ctx, operation) -> tuple[ErrorCode, str] | None:
+    """Why the ACL APIs answer no at all: no authorizer, or no `operation` on the cluster."""
+    if not authorizer.enabled:
+        return ErrorCode.security_disabled, NO_AUTHORIZER
+    if not authorizer.cluster(ctx, operation):
+        return ErrorCode.cluster_authorization_failed, NOT_AUTHORIZED
+    return None
+
+
 async def create(node, ctx, request):
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result = nested(schema, "AclCreationResult")
     authorizer = node.authorizer
-    if not authorizer.enabled:
-        refused = (ErrorCode.security_disabled, NO_AUTHORIZER)
-    elif not authorizer.cluster(ctx, ALTER):
-        refused = (ErrorCode.cluster_authorization_failed, NOT_AUTHORIZED)
-    else:
-        refused = None
+    refused = _refused(authorizer, ctx, ALTER)
     if refused is not None:
         return build(schema, throttle_time=NO_THROTTLE, results=tuple(
             result(error_code=refused[0], error_message=refused[1])
@@ -84,10 +88,9 @@ async def describe(node, ctx, request):
         return build(schema, throttle_time=NO_THROTTLE, error_code=code,
                      error_message=message, resources=())
 
-    if not authorizer.enabled:
-        return refuse(ErrorCode.security_disabled, NO_AUTHORIZER)
-    if not authorizer.cluster(ctx, DESCRIBE):
-        return refuse(ErrorCode.cluster_authorization_failed, NOT_AUTHORIZED)
+    refused = _refused(authorizer, ctx, DESCRIBE)
+    if refused is not None:
+        return refuse(*refused)
     wanted = _filter(request)
     try:
         wanted.validate()
@@ -115,12 +118,7 @@ async def delete(node, ctx, request):
     filter_result = nested(schema, "DeleteAclsFilterResult")
     matching = nested(schema, "DeleteAclsMatchingAcl")
     authorizer = node.authorizer
-    if not authorizer.enabled:
-        refused = (ErrorCode.security_disabled, NO_AUTHORIZER)
-    elif not authorizer.cluster(ctx, ALTER):
-        refused = (ErrorCode.cluster_authorization_failed, NOT_AUTHORIZED)
-    else:
-        refused = None
+    refused = _refused(authorizer, ctx, ALTER)
     if refused is not None:
         return build(schema, throttle_time=NO_THROTTLE, filter_results=tuple(
             filter_result(error_code=refused[0], error_message=refused[1], matching_acls=())
