@@ -109,6 +109,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Compaction of cleanup.policy=compact topics under their writer leases (Kafka's
     # log.cleaner.backoff.ms: how often the cleaner looks for a partition to clean; -1: never).
     log_cleaner_backoff_ms: int = 15_000
+    # The size of a pass's offset map (Kafka's log.cleaner.dedupe.buffer.size): about 27 bytes
+    # a key; a dirty section with more keys is cleaned up to where the map filled, the rest
+    # at the next pass. A pass writes objects of at most tiering_stream_object_bytes.
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
     # KV tablets of compacted partitions on their leaders: a snapshot to the object store
     # every kv_snapshot_records records or kv_snapshot_interval_ms (with something new).
     kv_snapshot_records: int = 100_000

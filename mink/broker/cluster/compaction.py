@@ -115,7 +115,9 @@ class LogCleaner:
                 try:
                     outcome = await compaction.compact_partition(
                         node.metadata, node.objects, topic.topic_id, partition, fence,
-                        settings, int(time.time() * 1000))
+                        settings, int(time.time() * 1000),
+                        object_bytes=node.config.tiering_stream_object_bytes,
+                        map_bytes=node.config.log_cleaner_dedupe_buffer_size)
                 except md.StaleEpoch as exc:  # the lease moved: its new holder cleans
                     self._refused(exc.reason)
                     node.leases.held.pop(scope, None)

@@ -30,7 +30,9 @@ does; once none is left it gets a delete horizon like a tombstone and goes after
 
 from __future__ import annotations
 
+import bisect
 import struct
+from array import array
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -52,6 +54,7 @@ from mink.protocol.records import (
     parse_batch_header,
     write_crc,
 )
+from mink.storage.compaction.offset_map import OffsetMap, digest
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -59,23 +62,6 @@ _INT32 = struct.Struct(">i")
 
 class CleanerError(Exception):
     """A batch could not be cleaned (it does not decode, or its rebuild failed the check)."""
-
-
-class OffsetMap:
-    """Key -> offset of its latest record in the dirty section. A dict of bytes here: the
-    pass's map lives for one pass only (the KV tablet, not built yet, is the compact one)."""
-
-    __slots__ = ("latest",)
-
-    def __init__(self) -> None:
-        self.latest: dict[bytes, int] = {}
-
-    def __len__(self) -> int:
-        return len(self.latest)
-
-    def superseded(self, key: bytes, offset: int) -> bool:
-        latest = self.latest.get(key)
-        return latest is not None and latest > offset
 
 
 # What becomes of a batch in a pass.
@@ -95,48 +81,145 @@ def marker_commits(batch: bytes | memoryview) -> bool:
     return False
 
 
-def decide(batches: list[bytes | memoryview], end: int) -> tuple[list[str], int]:
-    """What each batch is (CLEAN, KEEP, DROP, MARKER) and the cleanable end: `end`, or the
-    first offset of a transaction still undecided (the last stable offset) if lower."""
-    modes: list[str] = []
-    open_txn: dict[int, list[int]] = {}  # producer id -> indexes of its undecided batches
-    for i, batch in enumerate(batches):
-        header = parse_batch_header(batch)
+class Decisions:
+    """The transaction markers a pass has seen, per producer in offset order (offset << 1 |
+    commit, packed): a transactional batch is decided by its producer's next marker."""
+
+    __slots__ = ("_markers",)
+
+    def __init__(self) -> None:
+        self._markers: dict[int, array] = {}
+
+    def add(self, producer_id: int, offset: int, commits: bool) -> None:
+        self._markers.setdefault(producer_id, array("q")).append(offset << 1 | commits)
+
+    def mode(self, header: BatchHeader) -> str:
         if header.is_control:
-            modes.append(MARKER)
-            mode = CLEAN if marker_commits(batch) else DROP
-            for j in open_txn.pop(header.producer_id, ()):
-                modes[j] = mode
+            return MARKER
+        if not header.is_transactional:
+            return CLEAN
+        markers = self._markers.get(header.producer_id)
+        if markers is None:
+            return KEEP
+        i = bisect.bisect_right(markers, header.base_offset << 1 | 1)
+        if i == len(markers):
+            return KEEP  # no marker yet: undecided
+        return CLEAN if markers[i] & 1 else DROP
+
+
+class MapBuilder:
+    """Kafka's buildOffsetMap as a stream: fed every batch from the log start in offset
+    order (`feed`), it learns the transactions' decisions over the whole range and puts the
+    dirty section's keys (plain records, and committed transactions' at their commit
+    marker; an aborted transaction's are dropped) into a map of fixed size. When the map is
+    full it stops (`feed` returns False); `finish` then gives the offset the pass cleans up
+    to: the cleanable end, lowered to the first offset of a transaction still undecided
+    (the last stable offset), and to the first record that did not fit in the map.
+
+    `put`: False when the map is given already built (only the decisions are wanted)."""
+
+    def __init__(self, offset_map: OffsetMap, dirty_from: int, end: int,
+                 put: bool = True) -> None:
+        self.map = offset_map
+        self.dirty_from = dirty_from
+        self.end = end
+        self.decisions = Decisions()
+        self.full_at: int | None = None  # the first offset whose record did not fit
+        self.scanned_to = dirty_from     # every batch below it was fed
+        self._put = put
+        # per producer: the first offset of its transaction since its last marker
+        self._open: dict[int, int] = {}
+        # per producer: its open transaction's dirty records, (digest hi, lo, offset) packed
+        self._pending: dict[int, tuple[array, array, array]] = {}
+        self._pending_count = 0
+
+    @property
+    def full(self) -> bool:
+        return self.full_at is not None
+
+    def feed(self, batches: Iterable[bytes | memoryview]) -> bool:
+        for batch in batches:
+            if not self._feed(batch):
+                return False
+        return True
+
+    def _room(self) -> bool:
+        return self.map.count + self._pending_count < self.map.max_entries
+
+    def _feed(self, batch: bytes | memoryview) -> bool:
+        if self.full_at is not None:
+            return False
+        header = parse_batch_header(batch)
+        if header.base_offset >= self.end:
+            return True
+        pid = header.producer_id
+        if header.is_control:
+            commits = marker_commits(batch)
+            self.decisions.add(pid, header.base_offset, commits)
+            self._open.pop(pid, None)
+            pending = self._pending.pop(pid, None)
+            if pending is not None:
+                his, los, offsets = pending
+                self._pending_count -= len(offsets)
+                if commits:
+                    for i, (hi, lo, offset) in enumerate(zip(his, los, offsets)):
+                        if not self.map.put_digest(hi, lo, offset):
+                            # what is left of the transaction does not fit: the map is
+                            # good below its first record that did not
+                            self.full_at = offset
+                            return False
+        elif header.last_offset >= self.dirty_from and self._put:
+            if header.is_transactional:
+                self._open.setdefault(pid, header.base_offset)
+                target = self._pending.get(pid)
+                if target is None:
+                    target = self._pending[pid] = (array("Q"), array("Q"), array("q"))
+            else:
+                target = None
+            base, end, dirty_from = header.base_offset, self.end, self.dirty_from
+            for record in iter_records(batch):
+                offset = base + record.offset_delta
+                if record.key is None or offset < dirty_from or offset >= end:
+                    continue
+                hi, lo = digest(record.key)
+                if target is not None:
+                    if not self._room():
+                        self.full_at = offset
+                        return False
+                    target[0].append(hi)
+                    target[1].append(lo)
+                    target[2].append(offset)
+                    self._pending_count += 1
+                elif not self.map.put_digest(hi, lo, offset):
+                    self.full_at = offset
+                    return False
         elif header.is_transactional:
-            modes.append(KEEP)
-            open_txn.setdefault(header.producer_id, []).append(i)
-        else:
-            modes.append(CLEAN)
-    lso = min((parse_batch_header(batches[j]).base_offset
-               for indexes in open_txn.values() for j in indexes), default=end)
-    return modes, min(end, lso)
+            self._open.setdefault(pid, header.base_offset)
+        self.scanned_to = header.last_offset + 1
+        return True
+
+    def finish(self) -> int:
+        """The offset the pass cleans below (and sets the map's limit to)."""
+        limit = min([self.end, *self._open.values()])
+        if self.full_at is not None:
+            limit = min(limit, self.full_at)
+        self.map.limit = min(self.map.limit, limit)
+        return limit
 
 
 def build_offset_map(batches: Iterable[bytes | memoryview], start: int, end: int,
-                     into: OffsetMap | None = None,
-                     modes: list[str] | None = None) -> OffsetMap:
-    """The latest offset of every key among the records with start <= offset < end, of the
-    batches whose mode is CLEAN (without `modes`: the plain, non-transactional ones)."""
-    offset_map = into if into is not None else OffsetMap()
-    latest = offset_map.latest
-    for i, batch in enumerate(batches):
-        header = parse_batch_header(batch)
-        if header.last_offset < start or header.base_offset >= end:
-            continue
-        if (modes[i] != CLEAN if modes is not None
-                else header.is_control or header.is_transactional):
-            continue
-        base = header.base_offset
-        for record in iter_records(batch):
-            offset = base + record.offset_delta
-            if start <= offset < end and record.key is not None:
-                latest[bytes(record.key)] = offset
-    return offset_map
+                     into: OffsetMap | None = None) -> OffsetMap:
+    """The latest offset of every key among the records with start <= offset < end (of
+    plain and committed data), in a map large enough for them all."""
+    batches = list(batches)
+    if into is None:
+        into = OffsetMap.sized(
+            2**62, sum(parse_batch_header(b).records_count for b in batches))
+    builder = MapBuilder(into, start, end)
+    builder.feed(batches)
+    assert not builder.full, "a map sized for every record"
+    builder.finish()
+    return into
 
 
 class Cleaned(NamedTuple):
@@ -244,6 +327,54 @@ def check_rebuilt(batch: bytes) -> None:
         raise CleanerError(f"rebuilt batch at {header.base_offset}: offset deltas {deltas[:5]}")
 
 
+class BatchCleaner:
+    """Kafka's cleanInto as a stream: every batch from the log start up to the pass's
+    cleanable end, in offset order, cleaned against the map (`clean`); what it did summed
+    up as it goes. `last`: the range's last batch (never dropped)."""
+
+    def __init__(self, offset_map: OffsetMap, decisions: Decisions, *, now_ms: int,
+                 delete_retention_ms: int, end: int) -> None:
+        self.map = offset_map
+        self.decisions = decisions
+        self.now_ms = now_ms
+        self.delete_retention_ms = delete_retention_ms
+        self.end = end
+        self.records_in = self.records_out = self.tombstones_dropped = self.rebuilt = 0
+        self.batches_dropped = 0
+        self.next_horizon: int | None = None
+        # per producer: whether data of its transaction since its last marker is kept
+        self._txn_alive: dict[int, bool] = {}
+
+    def clean(self, batch: bytes | memoryview, last: bool = False
+              ) -> bytes | memoryview | None:
+        header = parse_batch_header(batch)
+        mode = self.decisions.mode(header)
+        if mode == MARKER:
+            alive = self._txn_alive.pop(header.producer_id, False)
+            kept = _clean_marker(batch, header, alive, self.now_ms, self.delete_retention_ms,
+                                 self.end, keep_whole=last)
+            cleaned = Cleaned(kept, 1, 0 if kept is None else 1, 0,
+                              kept is not None and kept is not batch,
+                              _horizon_of(kept) if kept is not None and not alive else None)
+        else:
+            cleaned = clean_batch(batch, self.map, now_ms=self.now_ms,
+                                  delete_retention_ms=self.delete_retention_ms, end=self.end,
+                                  keep_whole=last, mode=mode)
+            if header.is_transactional:
+                self._txn_alive[header.producer_id] = (
+                    self._txn_alive.get(header.producer_id, False)
+                    or cleaned.batch is not None)
+        self.records_in += cleaned.records_in
+        self.records_out += cleaned.records_out
+        self.tombstones_dropped += cleaned.tombstones_dropped
+        self.rebuilt += cleaned.rebuilt
+        self.batches_dropped += cleaned.batch is None
+        if cleaned.horizon is not None and cleaned.horizon > self.now_ms and (
+                self.next_horizon is None or cleaned.horizon < self.next_horizon):
+            self.next_horizon = cleaned.horizon
+        return cleaned.batch
+
+
 class PassResult(NamedTuple):
     batches: list[bytes | memoryview]
     records_in: int
@@ -259,44 +390,26 @@ class PassResult(NamedTuple):
 def clean_batches(data: list[bytes | memoryview], offset_map: OffsetMap | None = None, *,
                   now_ms: int, delete_retention_ms: int, end: int,
                   dirty_from: int | None = None) -> PassResult:
-    """Every batch of `data` (whole batches, offset order) cleaned; the last batch is never
-    dropped. Without `offset_map`, it is built here from `dirty_from` (transactions
-    decided first, the cleanable end lowered to the last stable offset: `decide`)."""
+    """Every batch of `data` (whole batches, offset order) cleaned in memory, the two
+    streams of a pass one after the other (what `store.py` does over a partition's
+    objects, block by block); the last batch is never dropped. Without `offset_map`, it is
+    built here from `dirty_from`, large enough for every key."""
     batches = [b for chunk in data for _, b in iter_batches(chunk)]
-    modes, end = decide(batches, end)
+    start = end if dirty_from is None else min(dirty_from, end)
     if offset_map is None:
-        offset_map = build_offset_map(batches, end if dirty_from is None else
-                                      min(dirty_from, end), end, modes=modes)
-    out: list[bytes | memoryview | None] = []
-    records_in = records_out = dropped = rebuilt = 0
-    horizons: list[int] = []
-    # per producer: indexes in `out` of the data of its transaction since its last marker
-    txn_data: dict[int, list[int]] = {}
+        offset_map = OffsetMap.sized(2**62, sum(parse_batch_header(b).records_count
+                                                for b in batches))
+        builder = MapBuilder(offset_map, start, end)
+    else:
+        builder = MapBuilder(offset_map, start, end, put=False)
+    builder.feed(batches)
+    limit = builder.finish()
+    pass_ = BatchCleaner(offset_map, builder.decisions, now_ms=now_ms,
+                         delete_retention_ms=delete_retention_ms, end=limit)
     last = len(batches) - 1
-    for i, batch in enumerate(batches):
-        if modes[i] == MARKER:
-            header = parse_batch_header(batch)
-            alive = [j for j in txn_data.pop(header.producer_id, ()) if out[j] is not None]
-            kept = _clean_marker(batch, header, bool(alive), now_ms, delete_retention_ms,
-                                 end, keep_whole=i == last)
-            cleaned = Cleaned(kept, 1, 0 if kept is None else 1, 0,
-                              kept is not None and kept is not batch,
-                              _horizon_of(kept) if kept is not None and not alive else None)
-        else:
-            cleaned = clean_batch(batch, offset_map, now_ms=now_ms,
-                                  delete_retention_ms=delete_retention_ms, end=end,
-                                  keep_whole=i == last, mode=modes[i])
-            if parse_batch_header(batch).is_transactional:
-                txn_data.setdefault(parse_batch_header(batch).producer_id, []).append(len(out))
-        records_in += cleaned.records_in
-        records_out += cleaned.records_out
-        dropped += cleaned.tombstones_dropped
-        rebuilt += cleaned.rebuilt
-        out.append(cleaned.batch)
-        if cleaned.horizon is not None and cleaned.horizon > now_ms:
-            horizons.append(cleaned.horizon)
-    return PassResult([b for b in out if b is not None], records_in, records_out, dropped,
-                      rebuilt, min(horizons) if horizons else None, end)
+    out = [pass_.clean(b, i == last) for i, b in enumerate(batches)]
+    return PassResult([b for b in out if b is not None], pass_.records_in, pass_.records_out,
+                      pass_.tombstones_dropped, pass_.rebuilt, pass_.next_horizon, limit)
 
 
 def _horizon_of(batch) -> int | None:
@@ -320,6 +433,7 @@ def _clean_marker(batch, header: BatchHeader, has_data: bool, now_ms: int,
     return rebuild_batch(header, kept, now_ms + delete_retention_ms)
 
 
-__all__ = ["CLEAN", "DROP", "KEEP", "MARKER", "Cleaned", "CleanerError", "OffsetMap",
-           "PassResult", "build_offset_map", "check_rebuilt", "clean_batch", "clean_batches",
-           "decide", "marker_commits", "rebuild_batch"]
+__all__ = ["CLEAN", "DROP", "KEEP", "MARKER", "BatchCleaner", "Cleaned", "CleanerError",
+           "Decisions", "MapBuilder", "OffsetMap", "PassResult", "build_offset_map",
+           "check_rebuilt", "clean_batch", "clean_batches", "marker_commits",
+           "rebuild_batch"]

@@ -23,24 +23,27 @@ from __future__ import annotations
 
 import logging
 import secrets
+import struct
 import uuid
 from dataclasses import dataclass
 
 import msgspec
 import trio
 
+from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mink.storage.compaction import cleaner
+from mink.storage.compaction.offset_map import OffsetMap
 from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
 from mink.storage.lifecycle.tiering import (
     ABANDON_TIMEOUT_S,
     SQL_ABANDON,
-    WalRow,
     WriterFence,
-    _read_rows,
 )
 from mink.storage.stream_object import (
+    DEFAULT_BLOCK_SIZE,
     DEFAULT_INDEX_INTERVAL,
+    StreamObjectError,
     StreamObjectWriter,
     is_stream_object,
     stream_object_key,
@@ -58,9 +61,12 @@ SQL_BEGIN = """
 SELECT mink_begin_compaction(%s::int, %s::bigint, %s::text, %s::uuid, %s::int, %s::bigint,
                              %s::bigint)"""
 SQL_SWAP = """
-SELECT mink_swap_compacted(%s::int, %s::bigint, %s::text, %s::uuid, %s::int, %s::bigint,
-                           %s::bigint, %s::bigint, %s::int, %s::bigint, %s::bigint,
-                           %s::bigint, %s::jsonb)"""
+SELECT mink_swap_compacted_objects(%s::int, %s::bigint, %s::uuid, %s::int, %s::bigint,
+                                   %s::bigint, %s::jsonb, %s::bigint, %s::bigint, %s::jsonb)"""
+# Kafka's log.cleaner.dedupe.buffer.size (128 MiB) and the tiering target size.
+DEFAULT_MAP_BYTES = 128 * 1024 * 1024
+DEFAULT_OBJECT_BYTES = 32 * 1024 * 1024
+_BATCH_LENGTH = struct.Struct(">i")
 
 _json = msgspec.json.Encoder()
 
@@ -154,14 +160,22 @@ class CompactionRefused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PassOutcome:
-    key: str
+    keys: tuple[str, ...]  # the objects written, in offset order
     base_offset: int
-    last_offset: int
-    bytes_in: int
+    last_offset: int       # the last offset of the rows swapped
+    bytes_in: int          # of the rows swapped
     bytes_out: int
     records_in: int
     records_out: int
     tombstones_dropped: int
+    cleaned_to: int        # the new first dirty offset
+    map_full: bool         # the offset map filled: the pass stopped there (the next goes on)
+    dirty_ratio: float
+    read_bytes: int        # read from the object store (both scans)
+
+    @property
+    def objects(self) -> int:
+        return len(self.keys)
 
 
 SQL_CLEANED = """
@@ -192,67 +206,197 @@ async def partition_rows(metadata: MetadataStore, topic_id: uuid.UUID, partition
 
 async def compact_partition(metadata: MetadataStore, objects, topic_id: uuid.UUID,
                             partition: int, writer: WriterFence, settings: CompactionSettings,
-                            now_ms: int, *, index_interval: int = DEFAULT_INDEX_INTERVAL
-                            ) -> PassOutcome | None:
+                            now_ms: int, *, index_interval: int = DEFAULT_INDEX_INTERVAL,
+                            object_bytes: int = DEFAULT_OBJECT_BYTES,
+                            map_bytes: int = DEFAULT_MAP_BYTES,
+                            block_bytes: int = DEFAULT_BLOCK_SIZE) -> PassOutcome | None:
     """One pass if one is due (None otherwise). Raises CompactionRefused (the swap's
     reason; nothing changed), StaleEpoch (the writer lease moved), the stores' errors, or
-    cleaner.CleanerError. Whatever ends it short of its swap gives its upload up."""
+    cleaner.CleanerError. Whatever ends it short of its swap gives its uploads up.
+
+    `object_bytes`: the largest object written (tiering_stream_object_bytes); `map_bytes`:
+    the offset map's size (log_cleaner_dedupe_buffer_size); `block_bytes`: the ranged GETs
+    the rows are read in. What a pass holds at once is about the map, one object being
+    written and two blocks read (one being cleaned, the next in flight), whatever the size
+    of the partition."""
     rows, cleaned_to, horizon = await partition_rows(metadata, topic_id, partition)
     plan = plan_pass(rows, cleaned_to, now_ms, settings, horizon)
     if plan is None:
         return None
-    key = stream_object_key(topic_id, partition, plan.base_offset, plan.last_offset,
-                            f"c{writer.epoch}-{secrets.token_hex(4)}")
+    out = _Output(metadata, objects, topic_id, partition, writer, plan.base_offset,
+                  object_bytes, index_interval)
     try:
         return await _clean_and_swap(metadata, objects, topic_id, partition, writer, settings,
-                                     now_ms, plan, key, index_interval)
+                                     now_ms, plan, out, map_bytes, block_bytes)
     except BaseException:
         with trio.CancelScope(shield=True), trio.move_on_after(ABANDON_TIMEOUT_S):
-            try:
-                await metadata.fetch_all(IDEMPOTENT, SQL_ABANDON, (key,))
-            except Exception as exc:  # noqa: BLE001 - the sweep gets it later
-                log.info("compaction upload %s left to the sweep: %r", key, exc)
+            for key in out.begun:
+                try:
+                    await metadata.fetch_all(IDEMPOTENT, SQL_ABANDON, (key,))
+                except Exception as exc:  # noqa: BLE001 - the sweep gets it later
+                    log.info("compaction upload %s left to the sweep: %r", key, exc)
         raise
 
 
-def _clean(data: list[bytes], plan: PassPlan, now_ms: int,
-           settings: CompactionSettings) -> cleaner.PassResult:
-    return cleaner.clean_batches(data, now_ms=now_ms,
-                                 delete_retention_ms=settings.delete_retention_ms,
-                                 end=plan.end, dirty_from=plan.dirty_from)
+class _Output:
+    """The pass's objects, written one at a time as the cleaned batches come: an object is
+    uploaded (after its begin: the sweep knows it) once the next batch would take it past
+    `object_bytes`. Each covers the offsets from the previous one's last + 1 to its own
+    last batch's last offset (the last object: to the range's last offset), so a reader at
+    an offset in a gap finds the next batch in the same object."""
+
+    def __init__(self, metadata: MetadataStore, objects, topic_id: uuid.UUID, partition: int,
+                 writer: WriterFence, base_offset: int, object_bytes: int,
+                 index_interval: int) -> None:
+        self.metadata, self.objects = metadata, objects
+        self.topic_id, self.partition, self.writer = topic_id, partition, writer
+        self.object_bytes = object_bytes
+        self.index_interval = index_interval
+        self.next_base = base_offset
+        self.current: StreamObjectWriter | None = None
+        self.begun: list[str] = []
+        self.written: list[dict] = []
+        self.bytes_out = 0
+
+    async def add(self, batch: bytes, range_last: int) -> None:
+        current = self.current
+        if current is not None and current.batch_count and \
+                current.data_length + len(batch) > self.object_bytes:
+            await self.flush(current.last_offset)
+            current = None
+        if current is None:
+            current = self.current = StreamObjectWriter(
+                self.topic_id, self.partition, index_interval=self.index_interval,
+                covers=(self.next_base, range_last))
+        current.add(batch)
+
+    async def flush(self, last_offset: int) -> None:
+        out, self.current = self.current, None
+        assert out is not None and out.batch_count
+        base = self.next_base
+        out.covers = (base, last_offset)
+        key = stream_object_key(self.topic_id, self.partition, base, last_offset,
+                                f"c{self.writer.epoch}-{secrets.token_hex(4)}")
+        self.begun.append(key)
+        await self.metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
+            self.writer.node_id, self.writer.epoch, key, self.topic_id, self.partition, base,
+            last_offset))
+        await self.objects.create(key, out.finish())
+        self.written.append({"key": key, "base_offset": base, "last_offset": last_offset,
+                             "data_length": out.data_length, "batches": out.batch_count,
+                             "max_timestamp": out.max_timestamp})
+        self.bytes_out += out.data_length
+        self.next_base = last_offset + 1
+
+
+async def stream_batches(objects, rows: list[Row], block_bytes: int, on_batches) -> int:
+    """The rows' batches, in offset order, block by block: `await on_batches(batches,
+    final)` for the whole batches each block completes (`final`: the last call, the range's
+    last batch is the last of them); the next block is read meanwhile. Stops when
+    on_batches returns False. Returns the bytes read. A batch across blocks is carried to
+    the next (a block holds at least its beginning); a row that ends inside a batch is a
+    StreamObjectError."""
+    blocks = [(row, start, min(start + block_bytes, row.byte_end))
+              for row in rows for start in range(row.byte_start, row.byte_end, block_bytes)]
+    if not blocks:
+        return 0
+    fetched: list[bytes] = []
+
+    async def fetch(i: int) -> None:
+        row, start, end = blocks[i]
+        data = await objects.get(row.object_key, start, end)
+        if len(data) != end - start:
+            raise StreamObjectError(f"{row.object_key} gave {len(data)} bytes for "
+                                    f"[{start}, {end})")
+        fetched.append(data)
+
+    await fetch(0)
+    carry = b""
+    read = 0
+    for i, (row, _, end) in enumerate(blocks):
+        data = fetched.pop()
+        read += len(data)
+        buffer = carry + data if carry else data
+        data = b""
+        view = memoryview(buffer)
+        batches, position = [], 0
+        while len(view) - position >= LOG_OVERHEAD:
+            (size,) = _BATCH_LENGTH.unpack_from(view, position + 8)
+            size += LOG_OVERHEAD
+            if size < RECORD_BATCH_OVERHEAD:
+                raise StreamObjectError(f"{row.object_key}: no batch at byte {position}")
+            if position + size > len(view):
+                break
+            batches.append(view[position:position + size])
+            position += size
+        carry = bytes(view[position:])
+        if end == row.byte_end and carry:
+            raise StreamObjectError(f"{row.object_key} ends inside a batch")
+        final = i == len(blocks) - 1
+        async with trio.open_nursery() as nursery:
+            if not final:
+                nursery.start_soon(fetch, i + 1)
+            go_on = await on_batches(batches, final)
+            if not go_on:
+                nursery.cancel_scope.cancel()
+        del batches, view
+        if not go_on:
+            break
+    return read
+
+
+def _rows_json(rows: list[Row]) -> str:
+    return _json.encode([{"base_offset": r.base_offset, "last_offset": r.last_offset,
+                          "object_key": r.object_key, "byte_start": r.byte_start,
+                          "byte_end": r.byte_end} for r in rows]).decode()
 
 
 async def _clean_and_swap(metadata: MetadataStore, objects, topic_id: uuid.UUID,
                           partition: int, writer: WriterFence, settings: CompactionSettings,
-                          now_ms: int, plan: PassPlan, key: str,
-                          index_interval: int) -> PassOutcome:
-    await metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
-        writer.node_id, writer.epoch, key, topic_id, partition, plan.base_offset,
-        plan.last_offset))
-    data = [bytes(d) for d in await _read_rows(objects, [
-        WalRow(r.base_offset, r.last_offset, r.object_key, r.byte_start, r.byte_end)
-        for r in plan.rows])]
-    # Decoding and re-encoding every record is CPU work: off the event loop, so the node's
-    # Produce and Fetch go on meanwhile.
-    result = await trio.to_thread.run_sync(_clean, data, plan, now_ms, settings)
-    out = StreamObjectWriter(topic_id, partition, index_interval=index_interval,
-                             covers=(plan.base_offset, plan.last_offset))
-    for batch in result.batches:
-        out.add(batch)
-    await objects.create(key, out.finish())
-    rows = [{"base_offset": r.base_offset, "last_offset": r.last_offset,
-             "object_key": r.object_key, "byte_start": r.byte_start, "byte_end": r.byte_end}
-            for r in plan.rows]
+                          now_ms: int, plan: PassPlan, out: _Output, map_bytes: int,
+                          block_bytes: int) -> PassOutcome:
+    # Decoding and re-encoding records is CPU work: each block's in a worker thread, so
+    # the node's Produce and Fetch go on meanwhile.
+    offset_map = OffsetMap.sized(map_bytes, plan.end - plan.dirty_from)
+    builder = cleaner.MapBuilder(offset_map, plan.dirty_from, plan.end)
+
+    async def map_batches(batches, final) -> bool:
+        return await trio.to_thread.run_sync(builder.feed, batches)
+
+    read = await stream_batches(objects, plan.rows, block_bytes, map_batches)
+    limit = builder.finish()
+    cleaned_to = max(limit, plan.dirty_from)
+    rows = plan.rows
+    if builder.full:  # the rows up to the one holding the last offset the map covers
+        rows = rows[:next((i for i, r in enumerate(rows) if r.last_offset >= cleaned_to - 1),
+                          len(rows) - 1) + 1]
+    range_last = rows[-1].last_offset
+    pass_ = cleaner.BatchCleaner(offset_map, builder.decisions, now_ms=now_ms,
+                                 delete_retention_ms=settings.delete_retention_ms, end=limit)
+
+    def clean(batches, final) -> list[bytes]:
+        last = len(batches) - 1 if final else -1
+        kept = (pass_.clean(b, i == last) for i, b in enumerate(batches))
+        # copies, so that the block read is freed once its batches are cleaned
+        return [bytes(b) for b in kept if b is not None]
+
+    async def clean_batches(batches, final) -> bool:
+        for batch in await trio.to_thread.run_sync(clean, batches, final):
+            await out.add(batch, range_last)
+        return True
+
+    read += await stream_batches(objects, rows, block_bytes, clean_batches)
+    await out.flush(range_last)
     row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, (
-        writer.node_id, writer.epoch, key, topic_id, partition, plan.base_offset,
-        plan.last_offset, out.data_length, out.batch_count, out.max_timestamp,
-        max(result.end, plan.dirty_from), result.next_horizon, _json.encode(rows).decode()))
+        writer.node_id, writer.epoch, topic_id, partition, rows[0].base_offset, range_last,
+        _json.encode(out.written).decode(), cleaned_to, pass_.next_horizon, _rows_json(rows)))
     assert row is not None
     if row[0] != "swapped":
         raise CompactionRefused(row[0])
-    return PassOutcome(key, plan.base_offset, plan.last_offset, sum(r.size for r in plan.rows),
-                       out.data_length, result.records_in, result.records_out,
-                       result.tombstones_dropped)
+    return PassOutcome(tuple(o["key"] for o in out.written), rows[0].base_offset, range_last,
+                       sum(r.size for r in rows), out.bytes_out, pass_.records_in,
+                       pass_.records_out, pass_.tombstones_dropped, cleaned_to, builder.full,
+                       plan.dirty_ratio, read)
 
 
 __all__ = ["CompactionRefused", "CompactionSettings", "PassOutcome", "PassPlan", "Row",
