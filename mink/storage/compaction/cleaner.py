@@ -1,13 +1,17 @@
-"""Kafka's LogCleaner for one partition's batches, as pure functions (no I/O, no clock: `now_ms`
-comes in). The pass that runs them under the topic's writer lease is
-`mink/storage/compaction/store.py`; the broker loop that schedules it is
-`mink/broker/cluster/compaction.py`.
+"""Kafka's LogCleaner for one partition's batches, pure (no I/O, no clock: `now_ms` comes in).
+The pass that runs them under the topic's writer lease, streaming the partition's objects
+block by block through them, is `mink/storage/compaction/store.py`; the broker loop that
+schedules it is `mink/broker/cluster/compaction.py`.
 
-A pass has Kafka's two steps:
+A pass has Kafka's two steps, each a stream fed the batches from the log start in offset
+order, so that a pass holds only the map and the batches at hand:
 
-1. `build_offset_map`: over the dirty section (from the partition's cleaned-to offset up to
-   the cleanable end), key -> offset of its latest record.
-2. `clean_batch`, for every batch from the log start up to the cleanable end: a record is
+1. `MapBuilder` (Kafka's buildOffsetMap): every transaction's decision (its marker), and over
+   the dirty section (from the partition's cleaned-to offset up to the cleanable end), key
+   -> offset of its latest record, in an `OffsetMap` of fixed size (offset_map.py); when a
+   key does not fit, it stops there, and the pass cleans only up to that offset.
+2. `BatchCleaner` / `clean_batch`, for every batch from the log start up to the cleanable
+   end: a record is
    kept if no later record of its key is in the map; a batch whose records all stay is kept
    byte for byte; one that loses some is rebuilt with the records kept, at their offsets
    (gaps inside and between batches, as Kafka), the same base offset, last offset delta,
@@ -26,6 +30,8 @@ supersedes, and the cleanable end stops at its first offset (the last stable off
 nothing above an open transaction is cleaned. A marker stays while data of its transaction
 does; once none is left it gets a delete horizon like a tombstone and goes after it
 (delete.retention.ms after its data went).
+
+`clean_batches` runs both steps over batches in memory (tests, the benchmark).
 """
 
 from __future__ import annotations

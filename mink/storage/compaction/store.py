@@ -1,8 +1,11 @@
 """A compaction pass over one partition (Kafka's LogCleaner.doClean), the storage side: which
 index rows are cleanable (`plan_pass`, a pure function of the rows and the topic's
-settings), then read, clean (`cleaner.py`), upload one stream object, and swap the exact rows
-read for its row in one transaction fenced by the topic's writer lease
-(`mink_swap_compacted`, sql/0020_compaction.sql).
+settings), then stream the rows twice in ranged GETs, block by block, through the cleaner's
+two steps (`cleaner.py`: the offset map, then the batches cleaned), upload the batches kept in
+stream objects of at most `object_bytes` (tiering_stream_object_bytes), and swap the exact
+rows read for all of their rows in one transaction fenced by the topic's writer lease
+(`mink_swap_compacted_objects`, sql/0024_compaction_objects.sql). Memory: the offset map
+(at most `map_bytes`), one object being written and two blocks, however large the range.
 
 What a pass covers, as Kafka's cleaner:
 
