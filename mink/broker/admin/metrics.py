@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
+from mink.broker.admin import compaction_metrics
 from mink.broker.groups.lag import ConsumerLag
 from mink.protocol.apis import ApiKey
 from mink.storage.objectstore.instrumented import InstrumentedObjectStore
@@ -34,6 +35,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 # Bytes of a WAL object: one small batch up to wal_max_bytes (8 MiB by default) and past it.
 # Seconds of a quota throttle: a few ms up to the uncapped byte-rate throttles.
 THROTTLE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Seconds of a compaction pass: a small partition's in tens of ms, a GiB's in minutes.
+PASS_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 26, 2))  # 1 KiB .. 16 MiB
 
 
@@ -114,6 +117,9 @@ class NullMetrics:
     def tiering_refused(self, reason: str) -> None:
         pass
 
+    def compaction_pass(self, seconds: float) -> None:
+        pass
+
     def exposition(self) -> bytes:
         return b""
 
@@ -185,6 +191,12 @@ class NodeMetrics:
             "(stale_coordinator_epoch, stale_writer_lease_epoch, writer_lease_held, "
             "index_changed, unknown_upload, unknown_partition, invalid_rows).",
             ["reason"], registry=registry)
+        # The log cleaner (mink/broker/cluster/compaction.py): the time of each pass swapped;
+        # its counters and the KV tablets are read at scrape (admin/compaction_metrics.py).
+        self._cleaner_pass_seconds = Histogram(
+            "mink_log_cleaner_pass_seconds",
+            "Time of each compaction pass this node swapped, from its plan to its swap.",
+            buckets=PASS_BUCKETS, registry=registry)
         # Client quotas (mink/broker/quotas/): Kafka's throttle-time per quota type
         # (kafka.server:type=Produce|Fetch|Request); _count is the throttled responses.
         self._throttle = Histogram(
@@ -269,6 +281,9 @@ class NodeMetrics:
 
     def tiering_refused(self, reason: str) -> None:
         self._tiering_refused.labels(reason).inc()
+
+    def compaction_pass(self, seconds: float) -> None:
+        self._cleaner_pass_seconds.observe(seconds)
 
     # -- scrape ----------------------------------------------------------------------------
 
@@ -425,6 +440,7 @@ class _NodeStateCollector:
                                   "room for new ones (IncrementalFetchSessionEvictionsPerSec).",
                                   value=sessions.evictions)
         yield from self.metrics.lag.families()
+        yield from compaction_metrics.families(node)
 
 
 def _trio_now() -> float | None:

@@ -45,7 +45,14 @@ class LogCleaner:
         self.bytes_in = 0
         self.bytes_out = 0
         self.tombstones_dropped = 0
+        self.bytes_read = 0       # from the object store, both scans of every pass
+        self.objects_written = 0
+        self.map_full_passes = 0  # passes that stopped where their offset map filled
+        self.failures = 0         # passes that failed (store errors, undecodable data)
         self.refused: dict[str, int] = {}
+        # (topic id, partition) -> its dirty ratio at this node's last look, of the
+        # partitions whose writer lease it held then (a gauge per partition).
+        self.dirty_ratios: dict[tuple, float] = {}
         # Per compacted partition led here: the passes whose swaps its caches have seen.
         self._passes_seen: dict[tuple, int] = {}
 
@@ -99,6 +106,15 @@ class LogCleaner:
 
     async def _passes(self, done: list[compaction.PassOutcome]) -> None:
         node = self.node
+        ratios: dict[tuple, float] = {}
+        try:
+            await self._held_passes(done, ratios)
+        finally:
+            self.dirty_ratios = ratios
+
+    async def _held_passes(self, done: list[compaction.PassOutcome],
+                           ratios: dict[tuple, float]) -> None:
+        node = self.node
         for scope, epoch in list(node.leases.held.items()):
             if not scope.startswith("writer/"):
                 continue
@@ -112,12 +128,18 @@ class LogCleaner:
                 continue
             fence = WriterFence(node.node_id, epoch)
             for partition in range(len(topic.partitions)):
+                started = trio.current_time()
+
+                def observe(ratio: float, key=(topic.topic_id, partition)) -> None:
+                    ratios[key] = ratio
+
                 try:
                     outcome = await compaction.compact_partition(
                         node.metadata, node.objects, topic.topic_id, partition, fence,
                         settings, int(time.time() * 1000),
                         object_bytes=node.config.tiering_stream_object_bytes,
-                        map_bytes=node.config.log_cleaner_dedupe_buffer_size)
+                        map_bytes=node.config.log_cleaner_dedupe_buffer_size,
+                        observe_ratio=observe)
                 except md.StaleEpoch as exc:  # the lease moved: its new holder cleans
                     self._refused(exc.reason)
                     node.leases.held.pop(scope, None)
@@ -129,16 +151,21 @@ class LogCleaner:
                     continue
                 except (md.MetadataError, ObjectStoreError, StreamObjectError,
                         cleaner.CleanerError) as exc:
+                    self.failures += 1
                     log.warning("compaction of %s-%d failed: %r", topic.name, partition, exc)
                     continue
                 if outcome is not None:
+                    node.metrics.compaction_pass(trio.current_time() - started)
                     self._account(outcome)
                     done.append(outcome)
-                    log.info("compacted %s-%d [%d, %d]: %d -> %d records, %d -> %d bytes, "
-                             "%d tombstones dropped", topic.name, partition,
-                             outcome.base_offset, outcome.last_offset, outcome.records_in,
-                             outcome.records_out, outcome.bytes_in, outcome.bytes_out,
-                             outcome.tombstones_dropped, extra={"event": "compaction_pass"})
+                    log.info("compacted %s-%d [%d, %d] to %d: %d -> %d records, %d -> %d "
+                             "bytes in %d objects, %d tombstones dropped%s", topic.name,
+                             partition, outcome.base_offset, outcome.last_offset,
+                             outcome.cleaned_to, outcome.records_in, outcome.records_out,
+                             outcome.bytes_in, outcome.bytes_out, outcome.objects,
+                             outcome.tombstones_dropped,
+                             " (offset map full)" if outcome.map_full else "",
+                             extra={"event": "compaction_pass"})
 
     def _refused(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -150,3 +177,6 @@ class LogCleaner:
         self.bytes_in += outcome.bytes_in
         self.bytes_out += outcome.bytes_out
         self.tombstones_dropped += outcome.tombstones_dropped
+        self.bytes_read += outcome.read_bytes
+        self.objects_written += outcome.objects
+        self.map_full_passes += outcome.map_full

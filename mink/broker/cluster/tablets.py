@@ -49,6 +49,8 @@ class PartitionTablet:
     applied: trio.Event = field(default_factory=trio.Event)  # set at each step forward
     restored_from: int | None = None  # the snapshot's offset, None: from the log start
     snapshots: int = 0
+    started_at: float | None = None       # trio clock, when its restore began
+    restore_seconds: float | None = None  # from then to caught up
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class TabletKeeper:
         node, partition_log = self.node, entry.partition_log
         topic_id, partition = key
         try:
-            started = trio.current_time()
+            started = entry.started_at = trio.current_time()
             tablet = None
             try:
                 tablet = await snapshots.restore_latest(node.metadata, node.objects, topic_id,
@@ -144,6 +146,7 @@ class TabletKeeper:
                                  "snapshot at %s)", topic_id, partition, tablet.next_offset,
                                  trio.current_time() - started, len(tablet),
                                  entry.restored_from)
+                        entry.restore_seconds = trio.current_time() - started
                         entry.caught_up.set()
                     due = (since_snapshot >= config.kv_snapshot_records or (
                         since_snapshot and time.monotonic() - last_snapshot

@@ -115,6 +115,30 @@ class PassPlan:
         return self.rows[-1].last_offset
 
 
+def cleanable_rows(rows: list[Row], now_ms: int, settings: CompactionSettings) -> list[Row]:
+    """The rows from the log start up to the cleanable end (see plan_pass)."""
+    cleanable: list[Row] = []
+    for row in rows:
+        if not is_stream_object(row.object_key):
+            break  # still in a WAL object: tiering first
+        if row.max_timestamp > now_ms - settings.min_compaction_lag_ms:
+            break  # too young to compact
+        if cleanable and row.base_offset != cleanable[-1].last_offset + 1:
+            break  # a hole in the index (cannot happen; never clean across one)
+        cleanable.append(row)
+    return cleanable
+
+
+def dirty_ratio(cleanable: list[Row], cleaned_to: int) -> float:
+    """Dirty bytes (rows from the cleaner checkpoint on) / cleanable bytes (Kafka's
+    cleanableRatio); 0 with nothing cleanable."""
+    total = sum(r.size for r in cleanable)
+    if not cleanable:
+        return 0.0
+    dirty = sum(r.size for r in cleanable if r.last_offset >= cleaned_to)
+    return dirty / total if total else 1.0
+
+
 def plan_pass(rows: list[Row], cleaned_to: int, now_ms: int,
               settings: CompactionSettings,
               tombstone_horizon: int | None = None) -> PassPlan | None:
@@ -129,15 +153,7 @@ def plan_pass(rows: list[Row], cleaned_to: int, now_ms: int,
     | kept tombstones whose delete horizon has come        | forced (KIP-534)      |
     | one row, already a compacted object, nothing dirty   | none (covered above)  |
     """
-    cleanable: list[Row] = []
-    for row in rows:
-        if not is_stream_object(row.object_key):
-            break  # still in a WAL object: tiering first
-        if row.max_timestamp > now_ms - settings.min_compaction_lag_ms:
-            break  # too young to compact
-        if cleanable and row.base_offset != cleanable[-1].last_offset + 1:
-            break  # a hole in the index (cannot happen; never clean across one)
-        cleanable.append(row)
+    cleanable = cleanable_rows(rows, now_ms, settings)
     if not cleanable:
         return None
     end = cleanable[-1].last_offset + 1
@@ -145,8 +161,7 @@ def plan_pass(rows: list[Row], cleaned_to: int, now_ms: int,
     horizon_due = tombstone_horizon is not None and tombstone_horizon <= now_ms
     if not dirty and not horizon_due:
         return None
-    total = sum(r.size for r in cleanable)
-    ratio = sum(r.size for r in dirty) / total if total else 1.0
+    ratio = dirty_ratio(cleanable, cleaned_to)
     forced = horizon_due or (
         bool(dirty) and dirty[0].max_timestamp < now_ms - settings.max_compaction_lag_ms)
     if ratio < settings.min_cleanable_dirty_ratio and not forced:
@@ -212,7 +227,8 @@ async def compact_partition(metadata: MetadataStore, objects, topic_id: uuid.UUI
                             now_ms: int, *, index_interval: int = DEFAULT_INDEX_INTERVAL,
                             object_bytes: int = DEFAULT_OBJECT_BYTES,
                             map_bytes: int = DEFAULT_MAP_BYTES,
-                            block_bytes: int = DEFAULT_BLOCK_SIZE) -> PassOutcome | None:
+                            block_bytes: int = DEFAULT_BLOCK_SIZE,
+                            observe_ratio=None) -> PassOutcome | None:
     """One pass if one is due (None otherwise). Raises CompactionRefused (the swap's
     reason; nothing changed), StaleEpoch (the writer lease moved), the stores' errors, or
     cleaner.CleanerError. Whatever ends it short of its swap gives its uploads up.
@@ -221,8 +237,11 @@ async def compact_partition(metadata: MetadataStore, objects, topic_id: uuid.UUI
     the offset map's size (log_cleaner_dedupe_buffer_size); `block_bytes`: the ranged GETs
     the rows are read in. What a pass holds at once is about the map, one object being
     written and two blocks read (one being cleaned, the next in flight), whatever the size
-    of the partition."""
+    of the partition. `observe_ratio(ratio)`, if given, learns the partition's dirty ratio
+    whether a pass is due or not."""
     rows, cleaned_to, horizon = await partition_rows(metadata, topic_id, partition)
+    if observe_ratio is not None:
+        observe_ratio(dirty_ratio(cleanable_rows(rows, now_ms, settings), cleaned_to))
     plan = plan_pass(rows, cleaned_to, now_ms, settings, horizon)
     if plan is None:
         return None
@@ -403,4 +422,5 @@ async def _clean_and_swap(metadata: MetadataStore, objects, topic_id: uuid.UUID,
 
 
 __all__ = ["CompactionRefused", "CompactionSettings", "PassOutcome", "PassPlan", "Row",
-           "cleaned_offsets", "compact_partition", "partition_rows", "plan_pass"]
+           "cleanable_rows", "cleaned_offsets", "compact_partition", "dirty_ratio",
+           "partition_rows", "plan_pass"]
