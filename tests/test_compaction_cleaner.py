@@ -239,3 +239,56 @@ def test_plan_pass_rows():
     assert plan_pass(rows((0, 19, "s", old)), 20, NOW, every, tombstone_horizon=NOW + 1) is None
     plan = plan_pass(rows((0, 19, "s", old)), 20, NOW, every, tombstone_horizon=NOW)
     assert plan.forced and plan.dirty_from == 20
+
+
+# -- the offset map and a map that fills ------------------------------------------------------
+
+def test_the_offset_map_against_a_dict_and_when_full():
+    import random
+
+    from mink.storage.compaction.offset_map import OffsetMap, slots_for
+
+    rng = random.Random(5)
+    offset_map = OffsetMap(slots_for(1 << 20, 5000))
+    assert offset_map.slots == 8192 and offset_map.nbytes() == 24 * 8192
+    reference: dict[bytes, int] = {}
+    for offset in range(20_000):
+        key = b"k%d" % rng.randrange(5000)
+        assert offset_map.put(key, offset)
+        reference[key] = offset
+    assert len(offset_map) == len(reference)
+    assert all(offset_map.get(k) == o for k, o in reference.items())
+    assert offset_map.get(b"never") is None
+    assert offset_map.superseded(b"k1", -1) and not offset_map.superseded(b"never", 0)
+    # full: a new key is refused (nothing changes), a key already there still moves on
+    small = OffsetMap(8)
+    assert small.max_entries == 7
+    assert all(small.put(b"%d" % i, i) for i in range(7))
+    assert small.full and not small.put(b"new", 100) and small.get(b"new") is None
+    assert small.put(b"3", 100) and small.get(b"3") == 100
+    # within the buffer, never more slots than the keys need
+    assert slots_for(1024 * 24) == 1024 and slots_for(1 << 30, 100) == 128
+
+
+def test_a_map_filling_in_a_committed_transaction_stops_below_its_first_record_left_out():
+    from mink.storage.compaction.cleaner import MapBuilder
+    from mink.storage.compaction.offset_map import OffsetMap
+
+    log = [batch(0, [(b"a", b"1")]), txn_batch(1, [(b"b", b"t"), (b"c", b"t")]),
+           batch(3, [(b"d", b"1"), (b"a", b"2")]), marker(5, commit=True),
+           batch(6, [(b"z", b"1")])]
+    offset_map = OffsetMap(4)  # 3 keys
+    builder = MapBuilder(offset_map, 0, 7)
+    assert not builder.feed(log) and builder.full
+    # a and b fitted; c (offset 2) did not: the map is good below 2
+    assert builder.finish() == 2 and offset_map.limit == 2
+    assert offset_map.get(b"a") == 4 and offset_map.get(b"b") == 1
+    # a@0 has a later record (a@4), but at or above the limit: kept, never wrongly dropped
+    assert not offset_map.superseded(b"a", 0)
+    # streamed and cleaned below 2, the rest as it is
+    from mink.storage.compaction.cleaner import BatchCleaner
+
+    pass_ = BatchCleaner(offset_map, builder.decisions, now_ms=NOW, delete_retention_ms=DAY,
+                         end=2)
+    out = [pass_.clean(b, i == len(log) - 1) for i, b in enumerate(log)]
+    assert [bytes(b) for b in out] == log
