@@ -258,7 +258,7 @@ def clean_batch(batch: bytes | memoryview, offset_map: OffsetMap, *, now_ms: int
     base = header.base_offset
     for record in iter_records(batch):
         offset = base + record.offset_delta
-        if record.key is not None and offset_map.superseded(bytes(record.key), offset):
+        if record.key is not None and offset_map.superseded(record.key, offset):
             continue
         if record.value is None and horizon_passed:
             tombstones_dropped += 1

@@ -34,9 +34,12 @@ _DIGEST = struct.Struct("<QQ")
 NO_LIMIT = 2**63 - 1
 
 
+_blake2b = hashlib.blake2b
+
+
 def digest(key: bytes | memoryview) -> tuple[int, int]:
     """The key's 128-bit digest as two words; the first is never 0 (0 marks an empty slot)."""
-    hi, lo = _DIGEST.unpack(hashlib.blake2b(key, digest_size=16).digest())
+    hi, lo = _DIGEST.unpack(_blake2b(key, digest_size=16).digest())
     return hi or 1, lo
 
 
@@ -97,14 +100,21 @@ class OffsetMap:
 
     def put_digest(self, hi: int, lo: int, offset: int) -> bool:
         """Record `offset` as the digest's latest; False (nothing changes) if the digest is
-        new and the map is full."""
-        i = self._slot(hi, lo)
-        if self._hi[i] == 0:
-            if self.count >= self.max_entries:
-                return False
-            self._hi[i] = hi
-            self._lo[i] = lo
-            self.count += 1
+        new and the map is full. (Once per dirty record: `_slot` inlined.)"""
+        his, los, mask = self._hi, self._lo, self._mask
+        i, step = lo & mask, hi | 1
+        while True:
+            found = his[i]
+            if found == 0:
+                if self.count >= self.max_entries:
+                    return False
+                his[i] = hi
+                los[i] = lo
+                self.count += 1
+                break
+            if found == hi and los[i] == lo:
+                break
+            i = (i + step) & mask
         self._offsets[i] = offset
         if offset > self.latest_offset:
             self.latest_offset = offset
@@ -118,12 +128,19 @@ class OffsetMap:
         return self._offsets[i] if self._hi[i] else None
 
     def superseded(self, key: bytes | memoryview, offset: int) -> bool:
-        """Whether a record of `key` at `offset` has a later one in the map, below `limit`."""
-        i = self._slot(*digest(key))
-        if not self._hi[i]:
-            return False
-        latest = self._offsets[i]
-        return offset < latest < self.limit
+        """Whether a record of `key` at `offset` has a later one in the map, below `limit`.
+        (Once per record of a pass: `digest` and `_slot` inlined.)"""
+        hi, lo = _DIGEST.unpack(_blake2b(key, digest_size=16).digest())
+        hi = hi or 1
+        his, los, mask = self._hi, self._lo, self._mask
+        i, step = lo & mask, hi | 1
+        while True:
+            found = his[i]
+            if found == 0:
+                return False
+            if found == hi and los[i] == lo:
+                return offset < self._offsets[i] < self.limit
+            i = (i + step) & mask
 
 
 __all__ = ["MAX_LOAD", "NO_LIMIT", "OffsetMap", "SLOT_BYTES", "digest", "slots_for"]
