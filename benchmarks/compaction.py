@@ -5,10 +5,15 @@
    and encode time, restore = snapshot decode + replay of the records after it (10% of N),
    lookup latency p50/p99 (in memory: no record read);
 2. the log cleaner's record work (mink/storage/compaction/cleaner.py) over a log of N/5 keys
-   written three times, lz4 batches of 100 records: records/s and MB/s in, records out.
+   written three times, lz4 batches of 100 records: records/s and MB/s in, records out;
+3. one pass streamed as store.py streams it (the map scan, then the clean scan, the batches
+   kept gathered into objects of 4 MiB that are dropped once full, as an upload frees
+   them), over the same keys with values of about 200 bytes, in memory: its peak allocation
+   (tracemalloc, a second run; the log itself is not counted), the map's size, and with a
+   map of 1/4 of the keys where the pass stops.
 
-Not measured here (not built yet): a tablet restored from the object store on a leader,
-lookups through the HTTP endpoint; a pass's object-store reads and its swap.
+Not measured here: a tablet restored from the object store on a leader, lookups through the
+HTTP endpoint (benchmarks/kv_lookup.py); a pass's object-store reads and its swap.
 
     .venv/bin/python -m benchmarks.compaction [--quick] [--keys N] [--out DIR]
 
@@ -23,11 +28,13 @@ import json
 import random
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 from mink.protocol import compression as codecs
 from mink.protocol.records import Record, build_batch
 from mink.storage.compaction import cleaner
+from mink.storage.compaction.offset_map import SLOT_BYTES, OffsetMap
 from mink.storage.compaction.tablet import KVTablet
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -35,13 +42,15 @@ PER_BATCH = 100
 NOW = 1_700_000_000_000
 
 
-def _log(keys: int, rounds: int, codec: int, rng: random.Random) -> list[bytes]:
+def _log(keys: int, rounds: int, codec: int, rng: random.Random,
+         padding: int = 0) -> list[bytes]:
     batches, offset = [], 0
     for r in range(rounds):
         order = list(range(keys))
         rng.shuffle(order)
         for i in range(0, keys, PER_BATCH):
-            records = [Record(j, 0, b"key-%08d" % k, b"value-%d-%08d" % (r, k))
+            records = [Record(j, 0, b"key-%08d" % k,
+                              b"value-%d-%08d" % (r, k) + rng.randbytes(padding))
                        for j, k in enumerate(order[i:i + PER_BATCH])]
             batches.append(build_batch(records, base_offset=offset, compression=codec,
                                        base_timestamp=NOW))
@@ -114,6 +123,60 @@ def cleaner_figures(keys: int) -> dict[str, float]:
     }
 
 
+def _streamed_pass(log: list[bytes], records: int, map_bytes: int,
+                   object_bytes: int) -> dict[str, float]:
+    offset_map = OffsetMap.sized(map_bytes, records)
+    builder = cleaner.MapBuilder(offset_map, 0, records)
+    for b in log:
+        if not builder.feed([b]):
+            break
+    limit = builder.finish()
+    pass_ = cleaner.BatchCleaner(offset_map, builder.decisions, now_ms=NOW,
+                                 delete_retention_ms=86_400_000, end=limit)
+    current: list[bytes] = []
+    size = objects = written = 0
+    last = len(log) - 1
+    for i, b in enumerate(log):
+        kept = pass_.clean(b, i == last)
+        if kept is None:
+            continue
+        if current and size + len(kept) > object_bytes:
+            objects, written, current, size = objects + 1, written + size, [], 0
+        current.append(bytes(kept))
+        size += len(kept)
+    return {"cleaned_to": max(limit, 0), "map_full": builder.full, "objects": objects + 1,
+            "mb_out": (written + size) / 1e6, "records_out": pass_.records_out,
+            "map_mib": offset_map.nbytes() / 2**20}
+
+
+def pass_figures(keys: int) -> dict[str, float]:
+    rng = random.Random(2)
+    log = _log(keys, 3, codecs.LZ4, rng, padding=200)
+    records, size = 3 * keys, sum(len(b) for b in log)
+    started = time.perf_counter()
+    whole = _streamed_pass(log, records, 128 << 20, 4 << 20)
+    took = time.perf_counter() - started
+    tracemalloc.start()
+    _streamed_pass(log, records, 128 << 20, 4 << 20)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    small = _streamed_pass(log, records, keys // 4 * SLOT_BYTES, 4 << 20)
+    return {
+        "keys": keys,
+        "mb_in": size / 1e6,
+        "seconds": took,
+        "records_per_s": records / took,
+        "records_out": whole["records_out"],
+        "objects": whole["objects"],
+        "map_mib": whole["map_mib"],
+        "peak_mib": peak / 2**20,
+        "peak_over_input": peak / size,
+        "small_map_mib": small["map_mib"],
+        "small_map_cleaned_to": small["cleaned_to"],
+        "small_map_full": small["map_full"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.compaction")
     parser.add_argument("--quick", action="store_true", help="100,000 keys")
@@ -121,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     keys = 100_000 if args.quick else args.keys
-    figures = {"tablet": tablet_figures(keys), "cleaner": cleaner_figures(max(1000, keys // 5))}
+    figures = {"tablet": tablet_figures(keys), "cleaner": cleaner_figures(max(1000, keys // 5)),
+               "pass": pass_figures(max(1000, keys // 5))}
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"compaction-{stamp}.json").write_text(json.dumps(figures, indent=2))
