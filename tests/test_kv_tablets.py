@@ -306,3 +306,23 @@ async def test_a_lookup_on_the_leader_before_its_tablet_starts_is_loading_not_a_
         finally:
             keeper.tablets.setdefault((topic_id, 0), entry)
         assert found.status == "loading", found
+
+
+async def test_a_newly_led_compacted_partition_gets_its_tablet_at_its_open(monkeypatch):
+    """The partition sync tells the keeper when it opened partitions: the tablet starts at
+    once, not at the keeper's next look (made 2 minutes here, so only the hook can start it
+    within the test's 10 s)."""
+    from mink.broker.cluster import tablets
+    from mink.testing import open_node
+
+    monkeypatch.setattr(tablets, "TABLET_CHECK_INTERVAL_S", 120.0)
+    async with open_node(proxy=False, **FAST) as node:
+        await node.create_topic("table", 1, {"cleanup.policy": "compact"})
+        await node.wait_led("table")
+        keeper = node.node.tablets
+        topic_id = node.node.view.topics["table"].topic_id
+
+        async def started() -> bool:
+            return (topic_id, 0) in keeper.tablets
+
+        await wait_until(started, "the tablet started at the open", timeout=10)

@@ -167,6 +167,8 @@ class PartitionSync:
                                            leader_epoch)
                     for topic, p in to_open:
                         nursery.start_soon(self._open_within, limiter, streams, topic, p)
+                if to_open:  # compacted partitions among them get their tablets at once
+                    node.tablets.partitions_opened()
 
     async def _open_within(self, limiter: trio.CapacityLimiter, streams: Streams,
                            topic: TopicInfo, p: PartitionInfo) -> None:

@@ -33,7 +33,8 @@ from mink.storage.log import LogError, OffsetOutOfRange
 log = logging.getLogger(__name__)
 
 READ_BYTES = 1 << 20
-# How often the keeper looks for compacted partitions this node newly leads.
+# How often the keeper looks for compacted partitions this node newly leads, besides when the
+# partition sync tells it it opened some (`partitions_opened`): for a topic altered to compact.
 TABLET_CHECK_INTERVAL_S = 0.5
 SQL_PUBLISH_ADMIN = """
 UPDATE nodes SET admin_host = %s, admin_port = %s WHERE node_id = %s RETURNING node_id"""
@@ -65,16 +66,23 @@ class TabletKeeper:
     def __init__(self, node) -> None:
         self.node = node
         self.tablets: dict[tuple[uuid.UUID, int], PartitionTablet] = {}
+        self._opened = trio.Event()
+
+    def partitions_opened(self) -> None:
+        """The partition sync opened partitions here: look for new compacted ones now."""
+        self._opened.set()
 
     async def run(self) -> None:
         published_epoch = None
         async with trio.open_nursery() as nursery:
             while True:
+                self._opened = trio.Event()  # (before the look: an open during it is seen)
                 self._start_missing(nursery)
                 epoch = self.node.membership.node_epoch
                 if epoch and epoch != published_epoch:
                     published_epoch = epoch if await self._publish_admin_address() else None
-                await trio.sleep(TABLET_CHECK_INTERVAL_S)
+                with trio.move_on_after(TABLET_CHECK_INTERVAL_S):
+                    await self._opened.wait()
 
     async def _publish_admin_address(self) -> bool:
         """Record this node's admin listener in its nodes row, where a node forwarding a
