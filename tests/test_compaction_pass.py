@@ -271,3 +271,47 @@ def _objects_of(swap_params) -> list[dict]:
     import json
 
     return json.loads(swap_params[6])
+
+
+async def test_a_pass_failing_mid_way_raises_the_store_error_and_gives_its_uploads_up(
+        metadata, objects, nursery):
+    """A GET failing in the clean scan, after some objects were uploaded (the next block is
+    read while one is cleaned): the store's own error comes out (not an exception group, so
+    the cleaner's handlers see it), nothing is swapped, every upload begun is given up."""
+    from mink.storage.objectstore import ObjectStoreUnavailable
+
+    topic, streams, fence, items = await written_partition(
+        metadata, objects, nursery, keys=300, rounds=3, value_bytes=200, per_batch=10,
+        stream_bytes=64 * 1024)
+    rows_before = await index_rows(metadata, topic)
+    range_bytes = sum(r[3] for r in rows_before)
+    blocks_per_scan = sum(-(-r[3] // 16384) for r in rows_before)
+
+    class FailingGets:
+        def __init__(self, inner, fail_at: int):
+            self.inner, self.fail_at, self.gets, self.created = inner, fail_at, 0, []
+
+        async def get(self, key, start=0, end=None):
+            self.gets += 1
+            if self.gets == self.fail_at:
+                raise ObjectStoreUnavailable("injected")
+            return await self.inner.get(key, start, end)
+
+        async def create(self, key, data):
+            self.created.append(key)
+            await self.inner.create(key, data)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    failing = FailingGets(objects, 2 * blocks_per_scan - 1)  # the last round is kept
+    with pytest.raises(ObjectStoreUnavailable):
+        await compaction.compact_partition(metadata, failing, topic.topic_id, 0, fence,
+                                           SETTINGS, int(time.time() * 1000),
+                                           object_bytes=8 * 1024, block_bytes=16384)
+    assert range_bytes > 16384 * 8
+    assert len(failing.created) >= 2, "objects were uploaded before the failure"
+    assert await index_rows(metadata, topic) == rows_before
+    assert await tiering.open_uploads(metadata) == []
+    deletions = await queued(metadata)
+    assert all(deletions.get(k) == "tiering_abandoned" for k in failing.created)

@@ -323,16 +323,22 @@ async def stream_batches(objects, rows: list[Row], block_bytes: int, on_batches)
     if not blocks:
         return 0
     fetched: list[bytes] = []
+    failed: list[Exception] = []
 
     async def fetch(i: int) -> None:
-        row, start, end = blocks[i]
-        data = await objects.get(row.object_key, start, end)
-        if len(data) != end - start:
-            raise StreamObjectError(f"{row.object_key} gave {len(data)} bytes for "
-                                    f"[{start}, {end})")
-        fetched.append(data)
+        try:
+            row, start, end = blocks[i]
+            data = await objects.get(row.object_key, start, end)
+            if len(data) != end - start:
+                raise StreamObjectError(f"{row.object_key} gave {len(data)} bytes for "
+                                        f"[{start}, {end})")
+            fetched.append(data)
+        except Exception as exc:  # noqa: BLE001 - raised by the caller, as itself
+            failed.append(exc)
 
     await fetch(0)
+    if failed:
+        raise failed[0]
     carry = b""
     read = 0
     for i, (row, _, end) in enumerate(blocks):
@@ -355,15 +361,26 @@ async def stream_batches(objects, rows: list[Row], block_bytes: int, on_batches)
         if end == row.byte_end and carry:
             raise StreamObjectError(f"{row.object_key} ends inside a batch")
         final = i == len(blocks) - 1
+        # The next block is read while this one's batches are handled. Failures are raised
+        # as themselves, not in an exception group, so the cleaner's handlers see the
+        # store's error (as tiering's `_read_rows`).
+        go_on, error = False, None
         async with trio.open_nursery() as nursery:
             if not final:
                 nursery.start_soon(fetch, i + 1)
-            go_on = await on_batches(batches, final)
+            try:
+                go_on = await on_batches(batches, final)
+            except Exception as exc:  # noqa: BLE001 - raised below
+                error = exc
             if not go_on:
                 nursery.cancel_scope.cancel()
         del batches, view
+        if error is not None:
+            raise error
         if not go_on:
             break
+        if failed:
+            raise failed[0]
     return read
 
 
