@@ -399,10 +399,10 @@ async def _clean_and_swap(metadata: MetadataStore, objects, topic_id: uuid.UUID,
     offset_map = OffsetMap.sized(map_bytes, plan.end - plan.dirty_from)
     builder = cleaner.MapBuilder(offset_map, plan.dirty_from, plan.end)
 
-    async def map_batches(batches, final) -> bool:
+    async def map_block(batches, final) -> bool:
         return await trio.to_thread.run_sync(builder.feed, batches)
 
-    read = await stream_batches(objects, plan.rows, block_bytes, map_batches)
+    read = await stream_batches(objects, plan.rows, block_bytes, map_block)
     limit = builder.finish()
     cleaned_to = max(limit, plan.dirty_from)
     rows = plan.rows
@@ -419,12 +419,12 @@ async def _clean_and_swap(metadata: MetadataStore, objects, topic_id: uuid.UUID,
         # copies, so that the block read is freed once its batches are cleaned
         return [bytes(b) for b in kept if b is not None]
 
-    async def clean_batches(batches, final) -> bool:
+    async def clean_block(batches, final) -> bool:
         for batch in await trio.to_thread.run_sync(clean, batches, final):
             await out.add(batch, range_last)
         return True
 
-    read += await stream_batches(objects, rows, block_bytes, clean_batches)
+    read += await stream_batches(objects, rows, block_bytes, clean_block)
     await out.flush(range_last)
     row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, (
         writer.node_id, writer.epoch, topic_id, partition, rows[0].base_offset, range_last,
