@@ -238,3 +238,13 @@ async def test_retention_applies_to_compact_delete_only(mink_postgres, tmp_path)
         for _ in range(3):
             await trio.sleep(0.2)
             assert await in_thread(_watermarks, address, "compact-only") == (0, 3)
+
+
+def test_the_dedupe_buffer_size_is_a_node_setting_of_at_least_1_mib():
+    from mink.broker.config import ConfigError, load_config
+
+    assert load_config(env={}).log_cleaner_dedupe_buffer_size == 128 * 1024 * 1024
+    assert load_config(env={"MINK_LOG_CLEANER_DEDUPE_BUFFER_SIZE": "2097152"}
+                       ).log_cleaner_dedupe_buffer_size == 2 * 1024 * 1024
+    with pytest.raises(ConfigError, match="at least"):
+        load_config(env={"MINK_LOG_CLEANER_DEDUPE_BUFFER_SIZE": "1000"})

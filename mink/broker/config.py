@@ -242,6 +242,9 @@ ENV_PREFIX = "MINK_"
 LOG_FORMATS = ("text", "json")
 
 
+MIN_DEDUPE_BUFFER_SIZE = 1 << 20  # log_cleaner_dedupe_buffer_size's floor (Kafka's)
+
+
 def load_config(
     file: str | Path | None = None,
     env: dict[str, str] | None = None,
@@ -274,6 +277,11 @@ def load_config(
     if config.log_format not in LOG_FORMATS:
         raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
                           f"not {config.log_format!r}")
+    if config.log_cleaner_dedupe_buffer_size < MIN_DEDUPE_BUFFER_SIZE:
+        # Kafka's floor too: a map of fewer keys makes a pass of little use
+        raise ConfigError(f"log_cleaner_dedupe_buffer_size must be at least "
+                          f"{MIN_DEDUPE_BUFFER_SIZE} (1 MiB), not "
+                          f"{config.log_cleaner_dedupe_buffer_size}")
     return config
 
 
