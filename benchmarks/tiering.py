@@ -60,6 +60,7 @@ import trio_asyncio
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
+from mink import collector
 from mink.protocol.records import Record, build_batch, iter_batches
 from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.postgres import READ
@@ -273,6 +274,9 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                                       base_timestamp=1_700_000_000_000))
             streams = Streams(1, epoch, files, metadata)  # a file:// node's WAL settings
             phases: list[dict[str, Any]] = []
+            # A node's collector settings (mink.collector), its set-up frozen as a node's is.
+            collector.tune()
+            collector.freeze_heap()
             modes = ("off", "on", "io") if args.io_phases else ("off", "on")
             latencies: dict[str, list[float]] = {m: [] for m in modes}
             errors = {m: 0 for m in modes}
@@ -298,9 +302,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                     phase_started = trio.current_time()
                     rounds_written.clear()
                     while True:
-                        plans = tiering.plan_stream_objects(
-                            await tiering.wal_rows(metadata, args.due_after_s),
-                            args.stream_object_kib * 1024)
+                        plans = await tiering.plan_round(metadata, args.due_after_s,
+                                                         args.stream_object_kib * 1024)
                         rounds_written.append((trio.current_time() - phase_started,
                                                [p.size for p in plans]))
 

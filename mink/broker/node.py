@@ -7,7 +7,6 @@ Everything the node runs lives in the nursery of `run_node`; cancelling it stops
 
 from __future__ import annotations
 
-import gc
 import socket
 import logging
 import math
@@ -16,6 +15,7 @@ from collections.abc import Callable
 import trio
 import trio_asyncio
 
+from mink import collector
 from mink.broker.admin.http import serve_admin
 from mink.broker.admin.metrics import node_metrics
 from mink.broker.cluster.coordinator import ClusterCoordinator
@@ -200,11 +200,8 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
                 on_started(node)
             task_status.started(node.advertised)
             if freeze_heap:
-                # What start-up built lives as long as the node: keep it out of the
-                # collector's full passes, which stop the event loop for as long as they scan
-                # (DESIGN, "Performance notes").
-                gc.collect()
-                gc.freeze()
+                # What start-up built lives as long as the node (mink.collector).
+                collector.freeze_heap()
             await trio.sleep(math.inf)
         finally:
             if node.leave_on_stop:  # False after a harness kill: nothing is released

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 
 import trio
 
+from mink import collector
 from mink.broker import logs
 from mink.broker.config import Config, ConfigError
 
@@ -23,8 +23,7 @@ def run_serve(config: Config) -> int:
 
 
 def setup_logging(config: Config) -> None:
-    # Fewer, larger young collections: a node allocates many short-lived objects per request.
-    gc.set_threshold(20_000, 20, 20)
+    collector.tune()
     logs.setup(config.log_level, config.log_format)
 
 
