@@ -462,6 +462,39 @@ async def test_a_swap_locks_its_rows_not_the_partition(metadata, nursery, pg_url
     assert await stats(metadata, topic) == [(0, writer.data_length, 1)]
 
 
+async def test_a_round_is_planned_page_by_page_as_it_would_be_at_once(
+        metadata, objects, nursery, monkeypatch):
+    """The planning query is paged (wal_row_pages): pages of 7 rows, of three partitions,
+    of one of them, with a limit inside a page, give the rows and the plans one query
+    would."""
+    topic = await make_topic(metadata, 3)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    logs = [await streams.open(topic.topic_id, p, 0) for p in range(3)]
+    await produce(logs, 20)
+    everything = await tiering.wal_rows(metadata, 0.0)
+    assert len(everything) >= 3 * 20
+    at_once = tiering.plan_stream_objects(everything, 20_000)
+    monkeypatch.setattr(tiering, "PAGE_ROWS", 7)
+    queries = 0
+    fetch_all = metadata.fetch_all
+
+    async def counted(*args, **kwargs):
+        nonlocal queries
+        queries += 1
+        return await fetch_all(*args, **kwargs)
+
+    monkeypatch.setattr(metadata, "fetch_all", counted)
+    assert await tiering.wal_rows(metadata, 0.0) == everything
+    assert queries >= len(everything) // 7, "one query per page"
+    paged = await tiering.plan_round(metadata, 0.0, 20_000)
+    assert [(p.partition, p.rows, p.due) for p in paged] == [
+        (p.partition, p.rows, p.due) for p in at_once]
+    one = [(topic.topic_id, 1)]
+    assert await tiering.wal_rows(metadata, 0.0, partitions=one) == [
+        r for r in everything if r[1] == 1]
+    assert await tiering.wal_rows(metadata, 0.0, limit=10) == everything[:10]
+
+
 def test_plan_groups_consecutive_rows_up_to_the_target():
     import uuid
 

@@ -156,10 +156,9 @@ class TieringWorker:
         result = RoundResult()
         if epoch is None or not node.membership.leading:
             return result.as_dict()
-        plans = tiering.plan_stream_objects(
-            await tiering.wal_rows(node.metadata, config.tiering_delay_ms / 2000,
-                                   kept_ms=self.kept_ms()),
-            config.tiering_stream_object_bytes)
+        plans = await tiering.plan_round(
+            node.metadata, config.tiering_delay_ms / 2000, config.tiering_stream_object_bytes,
+            kept_ms=self.kept_ms())
         writers = {lease.scope: (lease.holder, lease.epoch)
                    for lease in await node.metadata.leases("writer/")
                    if lease.live and lease.holder is not None}
@@ -189,10 +188,9 @@ class TieringWorker:
         if not assignments:
             return result.as_dict()
         by_partition = {(a.topic_id, a.partition): a for a in assignments}
-        plans = tiering.plan_stream_objects(
-            await tiering.wal_rows(node.metadata, config.tiering_delay_ms / 2000,
-                                   partitions=list(by_partition), kept_ms=self.kept_ms()),
-            config.tiering_stream_object_bytes)
+        plans = await tiering.plan_round(
+            node.metadata, config.tiering_delay_ms / 2000, config.tiering_stream_object_bytes,
+            partitions=list(by_partition), kept_ms=self.kept_ms())
         jobs = []
         for plan in plans:
             a = by_partition[(plan.topic_id, plan.partition)]

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 # WAL rows read per round (the rest waits for the next round).
 PLAN_ROWS = 20_000
+# Rows per planning query (wal_row_pages).
+PAGE_ROWS = 1_000
+_FIRST_TOPIC = uuid.UUID(int=0)
 # Ranged GETs in flight for one stream object.
 READ_CONCURRENCY = 8
 # A store with batched gets (file://: `get_ranges`, one worker-thread hop for many ranges)
@@ -68,12 +71,16 @@ _EXPIRING = """
 _NOT_EXPIRING = """
    AND (k.ms IS NULL OR b.running_max_timestamp
                         >= (extract(epoch FROM now()) * 1000)::bigint - k.ms)"""
+# Keyset paging (wal_row_pages): the rows after the previous page's last.
+_AFTER = """
+   AND (b.topic_id, b.partition, b.base_offset)
+       > (%(after_topic)s::uuid, %(after_partition)s::int, %(after_offset)s::bigint)"""
 SQL_WAL_ROWS = """
 SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.byte_start,
        b.byte_end, coalesce(w.decided_at <= now() - %(min_age)s * interval '1 second', true)
   FROM batch_index AS b
   LEFT JOIN wal_objects AS w ON w.key = b.object_key""" + _EXPIRING + """
- WHERE b.object_key LIKE 'wal/%%'""" + _NOT_EXPIRING + """
+ WHERE b.object_key LIKE 'wal/%%'""" + _NOT_EXPIRING + _AFTER + """
  ORDER BY b.topic_id, b.partition, b.base_offset
  LIMIT %(limit)s"""
 # The same, of some partitions only (a writer-lease holder's assignments).
@@ -83,7 +90,7 @@ SELECT b.topic_id, b.partition, b.base_offset, b.last_offset, b.object_key, b.by
   FROM unnest(%(topics)s::uuid[], %(partitions)s::int[]) AS a(topic_id, partition)
   JOIN batch_index AS b ON b.topic_id = a.topic_id AND b.partition = a.partition
   LEFT JOIN wal_objects AS w ON w.key = b.object_key""" + _EXPIRING + """
- WHERE b.object_key LIKE 'wal/%%'""" + _NOT_EXPIRING + """
+ WHERE b.object_key LIKE 'wal/%%'""" + _NOT_EXPIRING + _AFTER + """
  ORDER BY b.topic_id, b.partition, b.base_offset
  LIMIT %(limit)s"""
 SQL_BEGIN = """
@@ -150,48 +157,107 @@ class StreamObjectPlan:
         return self.rows[-1].last_offset
 
 
+class StreamObjectPlanner:
+    """Groups WAL rows (topic, partition, base, last, key, start, end, due) in offset order
+    into stream objects of at most `target_bytes` (a larger row alone), fed page by page.
+    A group is tiered when it is full (the next row did not fit) or holds a row whose WAL
+    object is due (older than the delay's share); the last, young, small group of a
+    partition waits."""
+
+    def __init__(self, target_bytes: int) -> None:
+        self.target_bytes = target_bytes
+        self.plans: list[StreamObjectPlan] = []
+        self._current: StreamObjectPlan | None = None
+        self._current_bytes = 0  # _current.size, kept as rows are added (summing: quadratic)
+
+    def add(self, rows) -> None:
+        current, current_bytes = self._current, self._current_bytes
+        for topic_id, partition, base, last, key, start, end, due in rows:
+            row = WalRow(base, last, key, start, end)
+            same_partition = (current is not None and current.topic_id == topic_id
+                              and current.partition == partition)
+            if (same_partition and current.rows[-1].last_offset + 1 == base
+                    and current_bytes + row.size <= self.target_bytes):
+                current.rows.append(row)
+                current.due = current.due or due
+                current_bytes += row.size
+                continue
+            if current is not None:
+                # full, or cut by a gap (retention moved on meanwhile): tiered if it holds
+                # anything
+                if same_partition or current.due:
+                    self.plans.append(current)
+            current = StreamObjectPlan(topic_id, partition, [row], due)
+            current_bytes = row.size
+        self._current, self._current_bytes = current, current_bytes
+
+    def finish(self) -> list[StreamObjectPlan]:
+        current = self._current
+        if current is not None and (current.due or self._current_bytes >= self.target_bytes):
+            self.plans.append(current)
+        self._current = None
+        return self.plans
+
+
 def plan_stream_objects(rows: list[tuple], target_bytes: int) -> list[StreamObjectPlan]:
-    """Group WAL rows (topic, partition, base, last, key, start, end, due) in offset order
-    into stream objects of at most `target_bytes` (a larger row alone). A group is tiered
-    when it is full (the next row did not fit) or holds a row whose WAL object is due (older
-    than the delay's share); the last, young, small group of a partition waits."""
-    plans: list[StreamObjectPlan] = []
-    current: StreamObjectPlan | None = None
-    current_bytes = 0  # current.size, kept as rows are added (summing each time: quadratic)
-    for topic_id, partition, base, last, key, start, end, due in rows:
-        row = WalRow(base, last, key, start, end)
-        same_partition = (current is not None and current.topic_id == topic_id
-                          and current.partition == partition)
-        if (same_partition and current.rows[-1].last_offset + 1 == base
-                and current_bytes + row.size <= target_bytes):
-            current.rows.append(row)
-            current.due = current.due or due
-            current_bytes += row.size
-            continue
-        if current is not None:
-            # full, or cut by a gap (retention moved on meanwhile): tiered if it holds anything
-            if same_partition or current.due:
-                plans.append(current)
-        current = StreamObjectPlan(topic_id, partition, [row], due)
-        current_bytes = row.size
-    if current is not None and (current.due or current_bytes >= target_bytes):
-        plans.append(current)
-    return plans
+    """The stream objects of `rows` (StreamObjectPlanner), all at once."""
+    planner = StreamObjectPlanner(target_bytes)
+    planner.add(rows)
+    return planner.finish()
+
+
+async def wal_row_pages(metadata: MetadataStore, min_age_s: float, limit: int = PLAN_ROWS,
+                        partitions: list[tuple[uuid.UUID, int]] | None = None,
+                        kept_ms: dict[uuid.UUID, int] | None = None):
+    """The rows still in WAL objects (of `partitions` only, if given), in plan order, up to
+    `limit`, in pages of PAGE_ROWS; of the topics in `kept_ms`, only rows retention keeps
+    for at least that long still. One query per page, each after the last row of the one
+    before: decoding and planning a round's rows (tens of thousands) in one step held the
+    event loop, and every commit of the node behind it, for up to 100 ms. Pages are not one
+    snapshot; the swap checks the exact rows it replaces, so a plan that straddles a change
+    is refused (index_changed) and planned again next round."""
+    kept = kept_ms or {}
+    params: dict = {"min_age": min_age_s, "kept_topics": list(kept),
+                    "kept_ms": list(kept.values())}
+    sql = SQL_WAL_ROWS
+    if partitions is not None:
+        sql = SQL_WAL_ROWS_OF
+        params["topics"] = [t for t, _ in partitions]
+        params["partitions"] = [p for _, p in partitions]
+    after: tuple = (_FIRST_TOPIC, -1, -1)
+    left = limit
+    while left > 0:
+        size = min(PAGE_ROWS, left)
+        page = await metadata.fetch_all(READ, sql, {
+            **params, "limit": size, "after_topic": after[0], "after_partition": after[1],
+            "after_offset": after[2]})
+        if page:
+            yield page
+        if len(page) < size:
+            return
+        left -= len(page)
+        after = tuple(page[-1][:3])
 
 
 async def wal_rows(metadata: MetadataStore, min_age_s: float, limit: int = PLAN_ROWS,
                    partitions: list[tuple[uuid.UUID, int]] | None = None,
                    kept_ms: dict[uuid.UUID, int] | None = None) -> list[tuple]:
-    """The rows still in WAL objects (of `partitions` only, if given), in plan order; of
-    the topics in `kept_ms`, only rows retention keeps for at least that long still."""
-    kept = kept_ms or {}
-    params = {"min_age": min_age_s, "limit": limit, "kept_topics": list(kept),
-              "kept_ms": list(kept.values())}
-    if partitions is None:
-        return [tuple(r) for r in await metadata.fetch_all(READ, SQL_WAL_ROWS, params)]
-    return [tuple(r) for r in await metadata.fetch_all(READ, SQL_WAL_ROWS_OF, {
-        **params, "topics": [t for t, _ in partitions],
-        "partitions": [p for _, p in partitions]})]
+    """wal_row_pages' rows in one list."""
+    return [tuple(r) async for page in wal_row_pages(metadata, min_age_s, limit, partitions,
+                                                      kept_ms) for r in page]
+
+
+async def plan_round(metadata: MetadataStore, min_age_s: float, target_bytes: int, *,
+                     partitions: list[tuple[uuid.UUID, int]] | None = None,
+                     kept_ms: dict[uuid.UUID, int] | None = None,
+                     limit: int = PLAN_ROWS) -> list[StreamObjectPlan]:
+    """A round's stream objects, planned page by page (wal_row_pages), a checkpoint after
+    each page's planning."""
+    planner = StreamObjectPlanner(target_bytes)
+    async for page in wal_row_pages(metadata, min_age_s, limit, partitions, kept_ms):
+        planner.add(page)
+        await trio.lowlevel.checkpoint()
+    return planner.finish()
 
 
 async def backlog(metadata: MetadataStore) -> tuple[int, int]:
@@ -393,7 +459,8 @@ async def sweep_uploads(metadata: MetadataStore, coordinator_epoch: int,
 
 
 __all__ = [
-    "Assignment", "StreamObjectPlan", "TieringRefused", "WalRow", "WriterFence", "assign",
-    "assigned_to", "assignments_done", "backlog", "open_uploads", "plan_stream_objects",
-    "sweep_uploads", "wal_rows", "write_stream_object",
+    "Assignment", "StreamObjectPlan", "StreamObjectPlanner", "TieringRefused", "WalRow",
+    "WriterFence", "assign", "assigned_to", "assignments_done", "backlog", "open_uploads",
+    "plan_round", "plan_stream_objects", "sweep_uploads", "wal_row_pages", "wal_rows",
+    "write_stream_object",
 ]
