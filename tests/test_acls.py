@@ -832,8 +832,8 @@ async def test_metadata_auto_creates_only_for_a_principal_allowed_to_create(secu
 
 
 async def test_the_forwarding_marker_gains_a_client_nothing(secured):
-    """Forwarded requests are not checked again, but only on the inter-broker listener
-    (here PLAINTEXT): alice sending the marker on her own listener is checked as ever."""
+    """The client id nodes once forwarded with: alice sending it is checked as ever (the
+    same on the inter-broker listener: tests/test_security_envelope.py)."""
     await trio.to_thread.run_sync(_create_topics, secured["PLAINTEXT"], ["marked"])
     security = ClientSecurity(protocol="SASL_PLAINTEXT", mechanism="PLAIN", username="alice",
                               password=USERS["alice"])
