@@ -77,8 +77,8 @@ async def forward_unless_coordinator(node, ctx):
         return None
     ctx.applied()
     view = node.view
-    if view.coordinator is None:
-        return None
+    if view.coordinator is None or view.coordinator == node.node_id:
+        return None  # the lease is moving: NOT_CONTROLLER, and the client retries
     try:
         return await forward_to(node, view.coordinator, Origin.of(ctx), ctx.header.api_key,
                                 ctx.header.api_version, ctx.frame)
@@ -135,7 +135,7 @@ async def auto_create_via_coordinator(node, names: list[str], ctx) -> None:
     coordinator checks that client's CREATE itself. Errors (the topic exists, no
     coordinator) are left for the client's retry to find."""
     view = node.view
-    if view.coordinator is None:
+    if view.coordinator is None or view.coordinator == node.node_id:
         return
     schema = load_request_schema(ApiKey.CREATE_TOPICS, 5)
     topic_schema = nested(schema, "CreatableTopic")
