@@ -137,6 +137,17 @@ async def test_a_create_through_another_node_is_checked_on_the_coordinator(mink_
                                              security=login("alice")) as alice:
             answer = await alice.call(ApiKey.CREATE_TOPICS, 5, create_topics_body("a-direct"))
             assert codes(answer) == {"a-direct": 0}
+        # forwarded once: an Envelope reaching a node that is not the coordinator is answered
+        # there (NOT_CONTROLLER), never sent on
+        seen = len(envelopes)
+        async with await KafkaClient.connect(endpoints(other)["INTERNAL"],
+                                             security=login("broker")) as node:
+            answer = await node.call(ApiKey.ENVELOPE, 0, envelope(
+                ApiKey.CREATE_TOPICS, 5, create_topics_body("a-twice"),
+                serialize_principal("User", "alice")))
+        _, inner = decode_response(ApiKey.CREATE_TOPICS, 5, answer.response_data)
+        assert codes(inner) == {"a-twice": int(ErrorCode.not_controller)}
+        assert envelopes[seen:] == [(other.node_id, "User:broker")]
 
 
 async def test_the_coordinator_checks_the_carried_principal(single):
