@@ -82,8 +82,8 @@ async def single(mink_postgres):
         yield running, where
 
 
-async def test_a_create_through_another_node_is_checked_on_the_coordinator(mink_postgres,
-                                                                           monkeypatch):
+async def test_a_create_through_another_node_is_checked_on_the_coordinator(
+        mink_postgres, monkeypatch, caplog):
     """alice may create `a-*`: through the node that is not the coordinator (forwarded in
     an Envelope, as `broker`, who may not create anything) and through the coordinator.
     bob may create nothing, through either node; a mixed request is split per topic by the
@@ -148,6 +148,37 @@ async def test_a_create_through_another_node_is_checked_on_the_coordinator(mink_
         _, inner = decode_response(ApiKey.CREATE_TOPICS, 5, answer.response_data)
         assert codes(inner) == {"a-twice": int(ErrorCode.not_controller)}
         assert envelopes[seen:] == [(other.node_id, "User:broker")]
+
+        # the inter-broker user without CLUSTER_ACTION: the coordinator refuses the Envelope,
+        # the node says why in its log and the client is told NOT_CONTROLLER (it retries)
+        await trio.to_thread.run_sync(_revoke_cluster_action, where[1]["PLAINTEXT"])
+        with trio.fail_after(10):  # until the coordinator has the revocation
+            while any(b.principal == "User:broker"
+                      for b in holder.node.authorizer.index.bindings):
+                await trio.sleep(0.05)
+        async with await KafkaClient.connect(endpoints(other)["CLIENT"],
+                                             security=login("alice")) as alice:
+            answer = await alice.call(ApiKey.CREATE_TOPICS, 5, create_topics_body("a-refused"))
+        assert codes(answer) == {"a-refused": int(ErrorCode.not_controller)}
+        assert "refused the envelope: CLUSTER_AUTHORIZATION_FAILED" in caplog.text
+
+
+def _revoke_cluster_action(address: str) -> None:
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": address})
+    for future in admin.delete_acls([AclBindingFilter(
+            ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:broker",
+            None, AclOperation.CLUSTER_ACTION, AclPermissionType.ALLOW)],
+            request_timeout=20).values():
+        assert future.result(timeout=30)
 
 
 async def test_the_coordinator_checks_the_carried_principal(single):
