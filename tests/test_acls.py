@@ -832,8 +832,8 @@ async def test_metadata_auto_creates_only_for_a_principal_allowed_to_create(secu
 
 
 async def test_the_forwarding_marker_gains_a_client_nothing(secured):
-    """Forwarded requests are not checked again, but only on the inter-broker listener
-    (here PLAINTEXT): alice sending the marker on her own listener is checked as ever."""
+    """The client id nodes once forwarded with: alice sending it is checked as ever (the
+    same on the inter-broker listener: tests/test_security_envelope.py)."""
     await trio.to_thread.run_sync(_create_topics, secured["PLAINTEXT"], ["marked"])
     security = ClientSecurity(protocol="SASL_PLAINTEXT", mechanism="PLAIN", username="alice",
                               password=USERS["alice"])
@@ -847,3 +847,63 @@ async def test_the_forwarding_marker_gains_a_client_nothing(secured):
 
 def _delete_code(response):
     return int(response.responses[0].error_code)
+
+
+def _mink(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "mink.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+async def test_mink_acls_add_list_remove(secured, tmp_path):
+    """`mink acls` through the Kafka APIs: a grant made with it acts (alice may then
+    describe the topic), is listed, and is removed; a user without ALTER on the cluster is
+    refused; a node without an authorizer says so."""
+    await trio.to_thread.run_sync(_create_topics, secured["PLAINTEXT"], ["cli-t"])
+    admin = ("--bootstrap-server", secured["PLAINTEXT"])
+
+    async def run(*args):
+        return await trio.to_thread.run_sync(lambda: _mink("acls", *args))
+
+    done = await run("add", *admin, "--allow-principal", "User:alice", "--operation", "describe",
+                     "--operation", "READ", "--topic", "cli-", "--resource-pattern-type",
+                     "prefixed")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "Added TOPIC:PREFIXED:cli- User:alice from * ALLOW DESCRIBE",
+        "Added TOPIC:PREFIXED:cli- User:alice from * ALLOW READ"]
+    async with as_user(secured["SASL_PLAINTEXT"]) as alice:
+        assert await _topic_codes(alice, ["cli-t"]) == {"cli-t": 0}
+    listed = await run("list", *admin, "--principal", "User:alice")
+    assert listed.stdout.splitlines() == [
+        "TOPIC:PREFIXED:cli- User:alice from * ALLOW DESCRIBE",
+        "TOPIC:PREFIXED:cli- User:alice from * ALLOW READ"], listed.stderr
+    # alice may not add ACLs
+    config = tmp_path / "alice.properties"
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                      f"sasl.username=alice\nsasl.password={USERS['alice']}\n")
+    refused = await run("add", "--bootstrap-server", secured["SASL_PLAINTEXT"],
+                        "--command-config", str(config), "--allow-principal", "User:alice",
+                        "--operation", "ALL", "--cluster")
+    assert refused.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
+    removed = await run("remove", *admin, "--allow-principal", "User:alice", "--operation",
+                        "DESCRIBE", "--topic", "cli-", "--resource-pattern-type", "prefixed")
+    assert removed.stdout.splitlines() == [
+        "Removed TOPIC:PREFIXED:cli- User:alice from * ALLOW DESCRIBE"], removed.stderr
+    assert (await run("list", *admin, "--topic", "cli-", "--resource-pattern-type",
+                      "prefixed")).stdout.splitlines() == [
+        "TOPIC:PREFIXED:cli- User:alice from * ALLOW READ"]
+    assert (await run("remove", *admin)).stdout.splitlines() == [
+        "Removed TOPIC:PREFIXED:cli- User:alice from * ALLOW READ"]
+    assert (await run("list", *admin)).stdout.strip() == "No ACLs."
+
+
+async def test_mink_acls_without_an_authorizer(mink_postgres, store_url):
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False) as running:
+        done = await trio.to_thread.run_sync(lambda: _mink(
+            "acls", "list", "--bootstrap-server", running.bootstrap))
+    assert done.returncode == 1 and "SECURITY_DISABLED" in done.stderr, done.stderr

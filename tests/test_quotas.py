@@ -562,15 +562,13 @@ async def test_old_clients_get_the_response_held_back_new_ones_are_muted(node):
     assert throttle > 0.5 and answered < 0.5 and next_answered >= throttle * 0.95
 
 
-async def test_requests_forwarded_between_nodes_are_not_charged(node):
-    """A default quota binds every client id, but not a node forwarding to another (Kafka
-    exempts its inter-broker requests too)."""
-    from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
-
+async def test_the_old_forwarding_client_id_is_charged_like_any(node):
+    """A default quota binds every client id, `mink-forwarded` (the marker nodes once
+    forwarded with) too: only an Envelope accepted from another node is not charged."""
     assert await in_thread(alter, node, [
         ([("client-id", None)], [("request_percentage", 0.01, False)])]) == [
             (ErrorCode.none, None)]
     _, throttles, _ = await api_versions_for(node, "anyone", 1.0)
     assert throttles
-    _, throttles, _ = await api_versions_for(node, FORWARDED_CLIENT_ID, 1.0)
-    assert not throttles
+    _, throttles, _ = await api_versions_for(node, "mink-forwarded", 1.0)
+    assert throttles

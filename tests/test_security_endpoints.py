@@ -54,12 +54,12 @@ async def test_three_nodes_answer_with_the_listener_asked(mink_postgres):
                 i: e["SASL_PLAINTEXT"] for i, e in where.items()}
 
 
-async def test_the_forwarding_marker_counts_only_on_the_inter_broker_listener(mink_postgres):
-    """A client sending the client id nodes forward with gains nothing (no quota exemption)
-    on any listener but the inter-broker one."""
+async def test_the_old_forwarding_marker_gains_nothing_on_any_listener(mink_postgres):
+    """A client sending the client id nodes once forwarded with (`mink-forwarded`) gains no
+    quota exemption, on the inter-broker listener either: forwarded requests come in
+    Envelopes now."""
     from kio.schema.errors import ErrorCode
 
-    from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
     from mink.testing import open_node
     from tests.test_quotas import alter, api_versions_for
 
@@ -72,10 +72,9 @@ async def test_the_forwarding_marker_counts_only_on_the_inter_broker_listener(mi
         assert await trio.to_thread.run_sync(alter, where["PLAINTEXT"], [
             ([("client-id", None)], [("request_percentage", 0.01, False)])]) == [
                 (ErrorCode.none, None)]
-        _, throttles, _ = await api_versions_for(where["PLAINTEXT"], FORWARDED_CLIENT_ID, 1.0)
-        assert throttles
-        _, throttles, _ = await api_versions_for(where["INTERNAL"], FORWARDED_CLIENT_ID, 1.0)
-        assert not throttles
+        for listener in ("PLAINTEXT", "INTERNAL"):
+            _, throttles, _ = await api_versions_for(where[listener], "mink-forwarded", 1.0)
+            assert throttles, listener
 
 
 async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):

@@ -4,12 +4,20 @@ of its partition's leader, through that node's admin listener (/kv/..., http.py)
 Prints the value (raw bytes) and exits 0; exits 1 when the key is not found (deleted or
 never written), 2 when the tablet stayed loading past --timeout or the node is unreachable,
 3 when the node asked could not reach the partition's leader (any node forwards a lookup
-to the leader's admin listener; its id is printed)."""
+to the leader's admin listener; its id is printed), 4 when the credentials are refused
+(401) or the user may not read the topic (403).
+
+On a node with the authorizer on or a SASL listener a lookup needs a SCRAM user (HTTP
+Basic; READ on the topic): `--user`, and the password from `--password`, else the
+`MINK_PASSWORD` environment variable, else the terminal (never echoed)."""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import getpass
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -27,21 +35,50 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument("--partition", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="how long to retry while the tablet is loading (s)")
+    parser.add_argument("--user", help="a SCRAM user, when the node needs credentials")
+    parser.add_argument("--password", help="the user's password (else $MINK_PASSWORD, else "
+                                           "asked on the terminal)")
     return parser
 
 
+PASSWORD_ENV = "MINK_PASSWORD"
+
+
+def _password(args: argparse.Namespace) -> str | None:
+    if not args.user:
+        return None
+    if args.password is not None:
+        return args.password
+    if os.environ.get(PASSWORD_ENV) is not None:
+        return os.environ[PASSWORD_ENV]
+    if sys.stdin.isatty():
+        return getpass.getpass(f"password for {args.user}: ")
+    return sys.stdin.readline().rstrip("\n")
+
+
 def lookup(admin: str, topic: str, partition: int, key: bytes,
-           timeout: float = 30.0) -> tuple[int, dict]:
-    """(HTTP status, JSON body) of the lookup, retried while the tablet loads (503)."""
+           timeout: float = 30.0, user: str | None = None,
+           password: str | None = None) -> tuple[int, dict]:
+    """(HTTP status, JSON body) of the lookup, retried while the tablet loads (503). A body
+    that is not JSON (a 401 or 403) comes as {"error": its text}."""
     url = (f"http://{admin}/kv/{quote(topic, safe='')}/{partition}/"
            f"{quote(key, safe='')}")
+    headers = {}
+    if user:
+        login = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        headers["Authorization"] = f"Basic {login}"
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
+            request = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            body = json.loads(exc.read() or b"{}")
+            raw = exc.read() or b"{}"
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {"error": raw.decode("utf-8", "replace").strip()}
             if exc.code != 503 or time.monotonic() >= deadline:
                 return exc.code, body
         time.sleep(0.2)
@@ -50,16 +87,18 @@ def lookup(admin: str, topic: str, partition: int, key: bytes,
 def run(args: argparse.Namespace) -> int:
     try:
         status, body = lookup(args.admin, args.topic, args.partition,
-                              args.key.encode("utf-8"), args.timeout)
+                              args.key.encode("utf-8"), args.timeout, args.user,
+                              _password(args))
     except (OSError, ValueError) as exc:
         print(f"mink get: {args.admin}: {exc}", file=sys.stderr)
         return 2
     if status == 200:
-        import base64
-
         sys.stdout.buffer.write(base64.b64decode(body["value_base64"]))
         sys.stdout.buffer.write(b"\n")
         return 0
+    if status in (401, 403):
+        print(f"mink get: {status} {body.get('error', body)}", file=sys.stderr)
+        return 4
     if status == 404:
         print(f"mink get: {args.key!r} not found in {args.topic}-{args.partition}",
               file=sys.stderr)

@@ -7,7 +7,7 @@ import sys
 
 import mink
 from mink.broker.config import ConfigError, load_config
-from mink.cli import cluster, dev, get, quotas, serve, topics, users
+from mink.cli import acls, cluster, dev, get, quotas, serve, topics, users
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     quotas.add_parser(commands)
     get.add_parser(commands)
     users.add_parser(commands)
+    acls.add_parser(commands)
 
     args = parser.parse_args(argv)
     try:
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             return get.run(args)
         if args.command == "users":
             return users.run(args)
+        if args.command == "acls":
+            return acls.run(args)
     except ConfigError as exc:
         print(f"mink: {exc}", file=sys.stderr)
         return 2

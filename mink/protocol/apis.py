@@ -53,6 +53,7 @@ class ApiKey(enum.IntEnum):
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
+    ENVELOPE = 58
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -142,6 +143,26 @@ SUPPORTED_FEATURES: dict[str, tuple[int, int]] = {
 }
 # name -> finalized level (Kafka lists no feature finalized at 0).
 FINALIZED_FEATURES: dict[str, int] = {"group.version": 1}
+
+
+# Served only on the inter-broker listener and never advertised: Envelope (KIP-590), which
+# carries a request one node forwards to another. Kafka's brokers do not advertise it either
+# (it lives on the controller listener, `"listeners": ["controller"]`), so a client never
+# sees it; a node knows its peers speak v0, the only version.
+PRIVILEGED: dict[int, tuple[int, int]] = {ApiKey.ENVELOPE: (0, 0)}
+
+# The APIs that may arrive inside an Envelope: the coordinator actions a node forwards
+# (Kafka's `forwardable` flag). Never Envelope itself: an Envelope inside an Envelope is
+# refused.
+FORWARDABLE: frozenset[int] = frozenset({
+    ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS,
+    ApiKey.ELECT_LEADERS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+})
+
+
+def privileged(api_key: int, api_version: int) -> bool:
+    span = PRIVILEGED.get(api_key)
+    return span is not None and span[0] <= api_version <= span[1]
 
 
 def advertised(api_key: int, api_version: int) -> bool:

@@ -5,8 +5,10 @@ Routes, GET or HEAD: /healthz, /readyz (health.py), /metrics (metrics.py), /cons
 /kv/<topic>/<partition>/<key> (the key percent-encoded; `mink get`): 200 with the value, 404
 not found, 503 while the partition's KV tablet is still restoring; a node that does not lead
 the partition forwards the lookup to its leader's admin listener (421 with the leader's id
-when it cannot find it). A hand router is enough
-for that. The server runs in the node's nursery and stops with it.
+when it cannot find it). Lookups need credentials and READ on the topic once the
+authorizer is on or any Kafka listener uses SASL (auth.py: 401, 403); the other routes stay
+open. A hand router is enough for that. The server runs in the node's nursery and stops
+with it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from mink.broker.admin.auth import PRINCIPAL_HEADER, AdminAuth, Refused, header
 from mink.broker.admin.console import PAGE, Console
 from mink.broker.admin.health import readiness
 from mink.broker.config import split_host_port
+from mink.broker.security.authorizer import READ
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,7 @@ class AdminApp:
     def __init__(self, node, console: Console) -> None:
         self.node = node
         self.console = console
+        self.auth = AdminAuth(node)
         self.routes = {"/healthz": self.healthz, "/readyz": self.readyz,
                        "/metrics": self.metrics, "/console": self.console_page,
                        "/console/state": self.console_state}
@@ -75,6 +80,8 @@ class AdminApp:
                    (b"cache-control", b"no-store")]
         if status == 405:
             headers.append((b"allow", b"GET, HEAD"))
+        if status == 401:
+            headers.append((b"www-authenticate", b'Basic realm="mink", charset="UTF-8"'))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
@@ -90,6 +97,12 @@ class AdminApp:
         except ValueError:
             return 400, TEXT, b"the partition is a number\n"
         key = unquote_to_bytes(parts[4])
+        try:
+            requester = await self.auth.requester(scope)
+        except Refused as refused:
+            return refused.status, TEXT, refused.message.encode() + b"\n"
+        if requester is not None and not self.node.authorizer.topic(requester, READ, topic):
+            return 403, TEXT, b"not authorized to read the topic\n"
         found = await self.node.tablets.lookup(topic, partition, key)
         body = {"topic": topic, "partition": partition, "status": found.status}
         if found.status == "found":
@@ -100,10 +113,11 @@ class AdminApp:
                 and not _forwarded(scope):
             # Any node answers: the lookup goes to the leader's admin listener, once.
             address = await self.node.tablets.admin_address_of(found.leader)
-            if address is not None:
+            carried = self.auth.forwarding_headers(requester)
+            if address is not None and carried is not None:
                 try:
                     with trio.fail_after(FORWARD_TIMEOUT_S):
-                        return await _forward(address, raw)
+                        return await _forward(address, raw, carried)
                 except (OSError, trio.TooSlowError, ValueError) as exc:
                     log.info("lookup forwarded to node %d failed: %r", found.leader, exc)
                     body["error"] = f"forwarding to node {found.leader} failed"
@@ -140,18 +154,23 @@ FORWARDED = b"x-mink-forwarded"
 
 
 def _forwarded(scope) -> bool:
-    return any(name.lower() == FORWARDED for name, _ in scope.get("headers", ()))
+    """A lookup forwarded once is not forwarded again (a client sending the header only
+    keeps its lookup from being forwarded)."""
+    return header(scope, FORWARDED) is not None or header(scope, PRINCIPAL_HEADER) is not None
 
 
-async def _forward(address: tuple[str, int], raw_path: bytes) -> tuple[int, bytes, bytes]:
+async def _forward(address: tuple[str, int], raw_path: bytes,
+                   carried: list[tuple[bytes, bytes]]) -> tuple[int, bytes, bytes]:
     """GET raw_path from another node's admin listener (HTTP/1.1, one request, the
-    connection closed after it): (status, content type, body)."""
+    connection closed after it) with the `carried` headers (auth.py): (status, content
+    type, body)."""
     host, port = address
     stream = await trio.open_tcp_stream(host, port)
+    extra = b"".join(b"%s: %s\r\n" % (name, value) for name, value in carried)
     async with stream:
-        await stream.send_all(b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s: 1\r\n"
+        await stream.send_all(b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s: 1\r\n%s"
                               b"Connection: close\r\n\r\n"
-                              % (raw_path, host.encode(), port, FORWARDED))
+                              % (raw_path, host.encode(), port, FORWARDED, extra))
         response = bytearray()
         while chunk := await stream.receive_some(65536):
             response += chunk

@@ -7,10 +7,11 @@ rules are `acls.py`'s; the bindings live in `acls` (sql/0023) and every node rea
 again when its view version moves (`refresh`, from the sync task, as quotas), so a change
 made on any node reaches every node within a sync.
 
-Requests another node forwarded (client id `mink-forwarded` on the inter-broker listener,
-`RequestContext.quota_exempt`) were checked on the node the client spoke to, against the
-client's principal; they are not checked again here (there is no Envelope carrying the
-original principal yet).
+A request another node forwarded arrives in an Envelope (`handlers/envelope.py`), which is
+accepted only from a principal with CLUSTER_ACTION on the cluster; the request inside is
+checked here like any other, as the original client's principal from the original client's
+host (`RequestContext.principal`, `RequestContext.client_host`). Nothing else bypasses the
+checks: no client id, no listener.
 
 Handlers call the helpers with their request context: `topic`, `group`, `cluster`,
 `transactional_id` (one resource, a bool), `topics` (the allowed subset of names),
@@ -62,9 +63,7 @@ CLUSTER = ResourceType.CLUSTER
 TRANSACTIONAL_ID = ResourceType.TRANSACTIONAL_ID
 CONFIG_TOPIC = 2  # Kafka's ConfigResource.Type: TOPIC 2, BROKER 4, BROKER_LOGGER 8
 
-def _host(peer: str) -> str:
-    host = peer.rsplit(":", 1)[0] if ":" in peer else peer
-    return host.strip("[]")
+CLUSTER_ACTION = AclOperation.CLUSTER_ACTION
 
 
 class Authorizer:
@@ -109,13 +108,12 @@ class Authorizer:
     # -- decisions ---------------------------------------------------------------------------
 
     def _bypass(self, ctx) -> bool:
-        return (not self.enabled or ctx.quota_exempt
-                or str(ctx.principal) in self.super_users)
+        return not self.enabled or str(ctx.principal) in self.super_users
 
     def allows(self, ctx, operation: int, resource_type: int, name: str) -> bool:
         if self._bypass(ctx):
             return True
-        return self.index.authorize(str(ctx.principal), _host(ctx.peer), operation,
+        return self.index.authorize(str(ctx.principal), ctx.client_host, operation,
                                     resource_type, name, self.allow_if_no_acl)
 
     def topic(self, ctx, operation: int, name: str) -> bool:
@@ -159,14 +157,14 @@ class Authorizer:
         if self.allow_if_no_acl and not any(b.resource_type == TOPIC
                                             for b in self.index.bindings):
             return True
-        return self.index.any_allowed(str(ctx.principal), _host(ctx.peer), WRITE, TOPIC)
+        return self.index.any_allowed(str(ctx.principal), ctx.client_host, WRITE, TOPIC)
 
     # -- KIP-430 authorized operations -------------------------------------------------------
 
     def _operations(self, ctx, resource_type: int, name: str, supported) -> int:
         if self._bypass(ctx):
             return sum(1 << op for op in supported)
-        allowed = self.index.allowed_operations(str(ctx.principal), _host(ctx.peer),
+        allowed = self.index.allowed_operations(str(ctx.principal), ctx.client_host,
                                                 resource_type, name, self.allow_if_no_acl,
                                                 supported)
         return sum(1 << op for op in allowed)
@@ -198,7 +196,7 @@ class Authorizer:
         and the ACLs' version."""
         if self._bypass(ctx):
             return None
-        return (str(ctx.principal), _host(ctx.peer), self.loaded_version)
+        return (str(ctx.principal), ctx.client_host, self.loaded_version)
 
 
 __all__ = ["Authorizer"]

@@ -188,27 +188,14 @@ class SaslAuthenticator:
             raise AuthenticationFailed(
                 "Authentication failed: Client requested an authorization id that is "
                 "different from username", f"user {user!r} asked for authzid {authzid!r}")
-        for mechanism in (scram.SCRAM_SHA_512, scram.SCRAM_SHA_256):
-            credential = await self._credential(mechanism, user)
-            if credential is None:
-                continue
-            salted = await trio.to_thread.run_sync(
-                scram.salted_password, mechanism, password.encode(), credential.salt,
-                credential.iterations)
-            if scram.password_matches(mechanism, credential, salted):
-                return user
-            raise AuthenticationFailed(failure, f"wrong password for user {user!r}")
-        raise AuthenticationFailed(failure, f"unknown user {user!r}")
+        reason = await verify_password(self.node.metadata, user, password)
+        if reason is not None:
+            raise AuthenticationFailed(failure, reason)
+        return user
 
     async def _credential(self, mechanism: scram.ScramMechanism,
                           user: str) -> scram.ScramCredential | None:
-        from mink.storage.controlplane.security import credentials_of
-
-        for _, name, salt, stored, server, iterations in await credentials_of(
-                self.node.metadata, user):
-            if name == mechanism.name:
-                return scram.ScramCredential(salt, stored, server, iterations)
-        return None
+        return await stored_credential(self.node.metadata, mechanism, user)
 
     def _succeeded(self, user: str, token: bytes) -> Outcome:
         principal = KafkaPrincipal(USER_TYPE, user)
@@ -248,6 +235,33 @@ class SaslAuthenticator:
         return outcome
 
 
+async def stored_credential(metadata, mechanism: scram.ScramMechanism,
+                            user: str) -> scram.ScramCredential | None:
+    from mink.storage.controlplane.security import credentials_of
+
+    for _, name, salt, stored, server, iterations in await credentials_of(metadata, user):
+        if name == mechanism.name:
+            return scram.ScramCredential(salt, stored, server, iterations)
+    return None
+
+
+async def verify_password(metadata, user: str, password: str) -> str | None:
+    """A user's password checked against their stored SCRAM credential (SHA-512 first),
+    the salted password derived off the trio thread: None when it matches, else why not
+    (for the log line; never for the client)."""
+    for mechanism in (scram.SCRAM_SHA_512, scram.SCRAM_SHA_256):
+        credential = await stored_credential(metadata, mechanism, user)
+        if credential is None:
+            continue
+        salted = await trio.to_thread.run_sync(
+            scram.salted_password, mechanism, password.encode(), credential.salt,
+            credential.iterations)
+        if scram.password_matches(mechanism, credential, salted):
+            return None
+        return f"wrong password for user {user!r}"
+    return f"unknown user {user!r}"
+
+
 def _api_name(api_key: int) -> str:
     try:
         return ApiKey(api_key).name
@@ -255,4 +269,5 @@ def _api_name(api_key: int) -> str:
         return f"api {api_key}"
 
 
-__all__ = ["PLAIN", "SUPPORTED", "SaslAuthenticator", "State", "enabled_mechanisms"]
+__all__ = ["PLAIN", "SUPPORTED", "SaslAuthenticator", "State", "enabled_mechanisms",
+           "verify_password"]

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from mink.protocol.apis import ApiKey, advertised
+from mink.protocol.apis import ApiKey, advertised, privileged
 from mink.protocol.framing import FrameError, FrameReader
 from mink.protocol.messages import (
     EncodedBody,
@@ -44,7 +44,6 @@ from mink.broker.security.listeners import KafkaListener
 from mink.broker.security.sasl import SaslAuthenticator
 from mink.broker.security.principal import ANONYMOUS, KafkaPrincipal
 from mink.broker.server.errors import CloseConnection
-from mink.broker.server.forwarding import FORWARDED_CLIENT_ID
 
 log = logging.getLogger(__name__)
 
@@ -54,29 +53,50 @@ RECEIVE_BYTES = 256 * 1024
 
 class RequestContext:
     def __init__(self, connection: Connection, request: Request, size: int = 0,
-                 decode_seconds: float = 0.0):
+                 decode_seconds: float = 0.0, frame: bytes = b"", *,
+                 envelope: RequestContext | None = None,
+                 principal: KafkaPrincipal | None = None, client_host: str | None = None):
         self.connection = connection
         self.request = request
         self.header = request.header
         self.size = size  # bytes of the request frame (what a Produce is charged)
         self.decode_seconds = decode_seconds  # charged to request_percentage
+        # The request's header and body as they came (what forwarding wraps in an Envelope).
+        self.frame = frame
+        # The Envelope this request arrived in (`handlers/envelope.py`), None if it came as
+        # it is: a request that arrived in an Envelope is never forwarded again. Its
+        # principal and client host are then the original client's, carried in the Envelope.
+        self.envelope = envelope
+        self._principal = principal
+        self._client_host = client_host
         # A byte-rate throttle decided before the handler ends (a Produce's as it starts, a
         # Fetch's by its handler), in seconds, and which quota gave the throttle.
         self.throttle = 0.0
         self.throttle_kind = "fetch"
-        # Requests one node forwards to another are not charged: Kafka exempts its
-        # inter-broker requests from quotas too. Only on the inter-broker listener: a client
-        # on any other listener sending the marker gains nothing.
-        self.quota_exempt = (request.header.client_id == FORWARDED_CLIENT_ID
-                             and connection.inter_broker)
+        # Set for an Envelope accepted from another node and for the request inside it:
+        # not charged (the client was charged on the node it spoke to; Kafka exempts
+        # inter-broker requests too). Nothing a client sends sets it.
+        self.quota_exempt = False
         # Set by a handler whose response is the last on this connection (a failed
         # authentication): it is sent, then the connection is closed.
         self.close_after = False
-        self._applied = trio.Event()
+        self._applied = envelope._applied if envelope is not None else trio.Event()
 
     @property
     def principal(self) -> KafkaPrincipal:
+        if self._principal is not None:
+            return self._principal
         return self.connection.principal
+
+    @property
+    def client_host(self) -> str:
+        """The client's address (what ACL host rules match): the original client's for a
+        request that arrived in an Envelope."""
+        if self._client_host is not None:
+            return self._client_host
+        peer = self.connection.peer
+        host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+        return host.strip("[]")
 
     @property
     def client_id(self) -> str:
@@ -86,6 +106,15 @@ class RequestContext:
     def listener_name(self) -> str | None:
         """The listener the request came in on: answers name that listener's endpoints."""
         return self.connection.listener_name
+
+    def enveloped(self, request: Request, frame: bytes, principal: KafkaPrincipal,
+                  client_host: str) -> RequestContext:
+        """The context of the request inside this (accepted) Envelope: the original
+        principal and host, not charged, applied when it is."""
+        inner = RequestContext(self.connection, request, len(frame), 0.0, frame,
+                               envelope=self, principal=principal, client_host=client_host)
+        inner.quota_exempt = True
+        return inner
 
     def applied(self) -> None:
         """The handler's effects are in place; the next request on this connection may start."""
@@ -125,7 +154,8 @@ class Connection:
         # client certificate, the SASL user once SASL authenticated it.
         self.principal: KafkaPrincipal = principal
         self.listener_name = listener.name if listener is not None else None
-        self._on_inter_broker_listener = listener is None or listener.name == getattr(
+        # Envelopes (forwarded requests) are served only here (Kafka: the privileged listener)
+        self.on_inter_broker_listener = listener is None or listener.name == getattr(
             node, "inter_broker_listener", listener.name)
         self.sasl: SaslAuthenticator | None = (
             SaslAuthenticator(node, self)
@@ -142,16 +172,6 @@ class Connection:
             except (OSError, AttributeError):
                 peer = "?"
         self.peer = peer
-
-    @property
-    def inter_broker(self) -> bool:
-        """Whether this connection may be another node's: on the inter-broker listener,
-        and logged in as the inter-broker user when that listener uses SASL."""
-        if not self._on_inter_broker_listener:
-            return False
-        if self.sasl is None:
-            return True
-        return self.principal.name == self.node.config.inter_broker_sasl_username
 
     async def run(self) -> None:
         send_slot, receive_slot = trio.open_memory_channel[_Slot](MAX_IN_FLIGHT)
@@ -210,7 +230,12 @@ class Connection:
             if refusal is not None:
                 log.info("closing connection from %s: %s", self.peer, refusal)
                 return None
-        if not advertised(api_key, api_version) or api_key not in self.handlers:
+        if privileged(api_key, api_version) and not self.on_inter_broker_listener:
+            log.info("closing connection from %s on listener %s: it sent an Envelope, which "
+                     "only the inter-broker listener accepts", self.peer, self.listener_name)
+            return None
+        if not (advertised(api_key, api_version) or privileged(api_key, api_version)) or (
+                api_key not in self.handlers):
             if api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer an unknown ApiVersions version in v0 form with our ranges,
                 # so the client can pick a version it shares with us.
@@ -230,7 +255,7 @@ class Connection:
             log.warning("closing connection from %s: %s", self.peer, exc)
             return None
         ctx = RequestContext(self, request, len(frame),
-                             time.perf_counter() - decode_started if timed else 0.0)
+                             time.perf_counter() - decode_started if timed else 0.0, frame)
         if api_key == ApiKey.PRODUCE and self.node.quotas.produce.limits and (
                 not ctx.quota_exempt):
             # A Produce is charged its bytes as it starts (Kafka charges them once the batch
@@ -291,9 +316,11 @@ class Connection:
             slot.done.set()
 
     def _under_request_quota(self, frame: bytes) -> bool:
-        client_id = peek_client_id(frame) or ""
-        if client_id == FORWARDED_CLIENT_ID and self.inter_broker:
+        if peek_header(frame)[0] == ApiKey.ENVELOPE:
+            # Another node's forwarded requests, pipelined on its connection: not held back
+            # one at a time (one refused for want of CLUSTER_ACTION is still charged).
             return False
+        client_id = peek_client_id(frame) or ""
         return self.node.quotas.request.quota(self.principal.name, client_id) is not None
 
     def _charge(self, ctx: RequestContext, timer, task) -> float:

@@ -31,9 +31,11 @@ class NotClusterCoordinator(Exception):
 
 class TopicAdmin:
     def __init__(self, node,
-                 forward_auto_create: Callable[[object, list[str]], Awaitable[None]]) -> None:
+                 forward_auto_create: Callable[[object, list[str], object], Awaitable[None]]
+                 ) -> None:
         self.node = node
-        # Sends auto-created names to the coordinator as a CreateTopics request
+        # Sends auto-created names to the coordinator as a CreateTopics request in an
+        # Envelope from the asking client
         # (`mink.broker.server.forwarding.auto_create_via_coordinator`).
         self._forward_auto_create = forward_auto_create
 
@@ -84,9 +86,10 @@ class TopicAdmin:
         return await self._coordinator_action(lambda epoch: metadata.delete_topic(
             name, topic_id=topic_id, coordinator_epoch=epoch))
 
-    async def auto_create_topics(self, names: list[str]) -> None:
+    async def auto_create_topics(self, names: list[str], ctx) -> None:
         """auto.create.topics.enable: unknown, valid names become topics of num.partitions,
-        created by the coordinator (forwarded there from any other node)."""
+        created by the coordinator (forwarded there from any other node, as the client of
+        `ctx`, whose Metadata or Produce request asked for them)."""
         node = self.node
         if not node.config.auto_create_topics_enable:
             return
@@ -95,7 +98,7 @@ class TopicAdmin:
         if not missing:
             return
         if not node.coordinator.is_holder:
-            await self._forward_auto_create(node, missing)
+            await self._forward_auto_create(node, missing, ctx)
             await self._try_refresh()
             return
         for name in missing:

@@ -1,6 +1,6 @@
 """One handler per Kafka API: `async def handle(node, ctx, request) -> response | None`."""
 
-from mink.protocol.apis import ADVERTISED, ApiKey
+from mink.protocol.apis import ADVERTISED, PRIVILEGED, ApiKey
 
 from . import (
     acls,
@@ -30,6 +30,7 @@ from . import (
     describe_user_scram_credentials,
     elect_leaders,
     end_txn,
+    envelope,
     fetch,
     find_coordinator,
     heartbeat,
@@ -104,7 +105,9 @@ HANDLERS = {
     ApiKey.SASL_AUTHENTICATE: sasl_authenticate.handle,
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials.handle,
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials.handle,
+    ApiKey.ENVELOPE: envelope.handle,  # the inter-broker listener only
 }
 
 # A client must never be offered an API that then fails.
-assert set(HANDLERS) == set(ADVERTISED), set(HANDLERS) ^ set(ADVERTISED)
+assert set(HANDLERS) == set(ADVERTISED) | set(PRIVILEGED), (
+    set(HANDLERS) ^ (set(ADVERTISED) | set(PRIVILEGED)))

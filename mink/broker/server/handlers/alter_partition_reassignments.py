@@ -54,7 +54,7 @@ async def handle(node, ctx, request):
                        {}, bool(getattr(request, "allow_replication_factor_change", True)),
                        ErrorCode.cluster_authorization_failed,
                        "Cluster authorization failed.")
-    forwarded = await forward_unless_coordinator(node, ctx, request)
+    forwarded = await forward_unless_coordinator(node, ctx)
     if forwarded is not None:
         return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)

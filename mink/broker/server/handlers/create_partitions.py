@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 async def handle(node, ctx, request):
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "CreatePartitionsTopicResult")
-    # ALTER on each topic, here, before forwarding: the coordinator does not check
-    # forwarded requests again, so only the allowed topics are sent on.
+    # Forwarded as it came; the coordinator checks it, as the original principal
+    forwarded = await forward_unless_coordinator(node, ctx) if request.topics else None
+    if forwarded is not None:
+        return forwarded
+    # ALTER on each topic
     denied = {t.name: build(result_schema, name=t.name,
                             error_code=ErrorCode.topic_authorization_failed,
                             error_message="Authorization failed.")
@@ -38,11 +41,6 @@ async def handle(node, ctx, request):
     if denied:
         request = dataclasses.replace(request, topics=tuple(
             t for t in request.topics if t.name not in denied))
-    forwarded = await forward_unless_coordinator(node, ctx, request) if request.topics \
-        else None
-    if forwarded is not None:
-        return dataclasses.replace(forwarded,
-                                   results=forwarded.results + tuple(denied.values()))
     counts = Counter(t.name for t in request.topics)
     total = sum(max(t.count, 0) for t in request.topics)
     results: dict[str, object] = dict(denied)

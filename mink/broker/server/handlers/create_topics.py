@@ -52,18 +52,17 @@ class Plan:
 
 async def handle(node, ctx, request):
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
-    # CREATE on the cluster or the topic, here, before forwarding: the coordinator does not
-    # check forwarded requests again, so only the allowed topics are sent on.
+    # Forwarded as it came; the coordinator checks it, as the original principal
+    forwarded = await forward_unless_coordinator(node, ctx) if request.topics else None
+    if forwarded is not None:
+        return forwarded
+    # CREATE on the cluster or the topic
     denied = {t.name: _refused(schema, t.name, Refused(
         ErrorCode.topic_authorization_failed, "Authorization failed."))
         for t in request.topics if not node.authorizer.may_create_topic(ctx, t.name)}
     if denied:
         request = dataclasses.replace(request, topics=tuple(
             t for t in request.topics if t.name not in denied))
-    forwarded = await forward_unless_coordinator(node, ctx, request) if request.topics \
-        else None
-    if forwarded is not None:
-        return dataclasses.replace(forwarded, topics=forwarded.topics + tuple(denied.values()))
     results: dict[str, object] = dict(denied)
     counts = Counter(t.name for t in request.topics)
     total = sum(_requested_partitions(node, t) for t in request.topics)

@@ -29,13 +29,12 @@ ZERO_UUID = uuid.UUID(int=0)
 async def handle(node, ctx, request):
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "DeletableTopicResult")
-    # DELETE on each topic, here, before forwarding: the coordinator does not check
-    # forwarded requests again, so only the allowed topics are sent on.
-    request, denied = _authorized(node, ctx, request, result_schema)
-    forwarded = await forward_unless_coordinator(node, ctx, request) if not (
-        denied and _empty(ctx, request)) else None
+    # Forwarded as it came; the coordinator checks it, as the original principal
+    forwarded = await forward_unless_coordinator(node, ctx)
     if forwarded is not None:
-        return dataclasses.replace(forwarded, responses=forwarded.responses + denied)
+        return forwarded
+    # DELETE on each topic
+    request, denied = _authorized(node, ctx, request, result_schema)
     if ctx.header.api_version >= 6:
         wanted = [(t.name, t.topic_id if t.topic_id != ZERO_UUID else None)
                   for t in request.topics]
@@ -75,10 +74,6 @@ async def handle(node, ctx, request):
     # other nodes follow through the change log.
     ctx.applied()
     return build(schema, throttle_time=NO_THROTTLE, responses=tuple(results))
-
-
-def _empty(ctx, request) -> bool:
-    return not (request.topics if ctx.header.api_version >= 6 else request.topic_names)
 
 
 def _authorized(node, ctx, request, result_schema):

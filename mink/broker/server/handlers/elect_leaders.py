@@ -57,7 +57,7 @@ def plan(view, wanted: list[tuple[str, int]], election_type: int
 
 async def handle(node, ctx, request):
     authorized = node.authorizer.cluster(ctx, ALTER)
-    forwarded = await forward_unless_coordinator(node, ctx, request) if authorized else None
+    forwarded = await forward_unless_coordinator(node, ctx) if authorized else None
     if forwarded is not None:
         return forwarded
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)

@@ -32,7 +32,8 @@ async def handle(node, ctx, request):
         await node.topic_admin.auto_create_topics([
             t.name for t in requested if t.name and (
                 t.name in node.view.topics or (authorizer.topic(ctx, DESCRIBE, t.name)
-                                               and authorizer.may_create_topic(ctx, t.name)))])
+                                               and authorizer.may_create_topic(ctx, t.name)))],
+            ctx)
     ctx.applied()
     view: ClusterView = node.view
     # Encoding is the cost (about 12 ms for 10,000 partitions): one encoding per snapshot,

@@ -77,7 +77,7 @@ async def handle(node, ctx, request):
     if node.config.auto_create_topics_enable:
         await node.topic_admin.auto_create_topics([
             t.name for t in request.topic_data if t.name not in node.view.topics
-            and t.name not in denied and authorizer.may_create_topic(ctx, t.name)])
+            and t.name not in denied and authorizer.may_create_topic(ctx, t.name)], ctx)
     streams = node.streams
     if streams is None or not node.membership.may_lead():
         return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
