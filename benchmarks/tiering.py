@@ -38,6 +38,10 @@ With `--io-phases`, a third mode, "io", follows each "on" phase: the bare I/O of
 nothing else, i.e. objects of the sizes the last "on" phase's rounds created, written (and
 fsynced) at the same times in its rounds, then deleted; no reads, no PostgreSQL, no swaps.
 "on" against "io" is what tiering costs a leader beyond the disk writes it must make.
+A round is paced as a node's (`--spread`, tiering_round_spread): its reads spread over that
+share of the round interval, its stream objects one at a time. With `--burst-phases`, a
+"burst" mode follows each "on" phase: the same rounds unpaced, `--jobs` objects at once
+(tiering_round_spread 0).
 """
 
 from __future__ import annotations
@@ -277,7 +281,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
             # A node's collector settings (mink.collector), its set-up frozen as a node's is.
             collector.tune()
             collector.freeze_heap()
-            modes = ("off", "on", "io") if args.io_phases else ("off", "on")
+            modes = ("off", "on") + (("burst",) if args.burst_phases else ()) + (
+                ("io",) if args.io_phases else ())
             latencies: dict[str, list[float]] = {m: [] for m in modes}
             errors = {m: 0 for m in modes}
             swapped = {m: 0 for m in modes}
@@ -298,20 +303,25 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                         await trio.sleep(args.append_interval_ms / 1000)
 
                 async def tiering_rounds(mode: str) -> None:
-                    limiter = trio.CapacityLimiter(args.jobs)
                     phase_started = trio.current_time()
-                    rounds_written.clear()
+                    if mode == "on":
+                        rounds_written.clear()
                     while True:
                         plans = await tiering.plan_round(metadata, args.due_after_s,
                                                          args.stream_object_kib * 1024)
-                        rounds_written.append((trio.current_time() - phase_started,
-                                               [p.size for p in plans]))
+                        if mode == "on":
+                            rounds_written.append((trio.current_time() - phase_started,
+                                                   [p.size for p in plans]))
+                        # as a node's round (broker/cluster/tiering.py _run_jobs)
+                        pace = tiering.round_pace(plans, args.round_interval_s,
+                                                  0 if mode == "burst" else args.spread)
+                        limiter = trio.CapacityLimiter(1 if pace else args.jobs)
 
                         async def job(plan) -> None:
                             async with limiter:
                                 try:
                                     await tiering.write_stream_object(metadata, files, lease,
-                                                                      plan)
+                                                                      plan, pace=pace)
                                     swapped[mode] += 1
                                 except tiering.TieringRefused:
                                     pass
@@ -343,7 +353,7 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                     before = len(latencies[mode])
                     until = trio.current_time() + args.phase_s
                     async with trio.open_nursery() as phase:
-                        if mode == "on":
+                        if mode in ("on", "burst"):
                             phase.start_soon(tiering_rounds, mode)
                         elif mode == "io":
                             phase.start_soon(bare_io, mode)
@@ -361,6 +371,10 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                     "off": {**_percentiles(latencies["off"]), "errors": errors["off"]},
                     "on": {**_percentiles(latencies["on"]), "errors": errors["on"],
                            "stream_objects_swapped": swapped["on"]},
+                    **({"burst": {**_percentiles(latencies["burst"]),
+                                  "errors": errors["burst"],
+                                  "stream_objects_swapped": swapped["burst"]}}
+                       if args.burst_phases else {}),
                     **({"io": {**_percentiles(latencies["io"]), "errors": errors["io"],
                                "objects_written": swapped["io"]}} if args.io_phases else {}),
                     "wal_rows_left": backlog_rows}
@@ -387,18 +401,21 @@ def main_commit_latency(args, argv) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result["command"] = "python -m benchmarks.tiering " + " ".join(argv or sys.argv[1:])
     (args.out / f"tiering-commit-latency-{stamp}.json").write_text(json.dumps(result, indent=2))
-    off, on, io = result["off"], result["on"], result.get("io")
+    off, on, burst, io = result["off"], result["on"], result.get("burst"), result.get("io")
     md = [f"# Tiering beside a leader's commits {stamp}", "", f"`{result['command']}`", "",
           f"{args.partitions} partitions, a ~4 KiB batch every {args.append_interval_ms} ms "
           f"each, tiering rounds every {args.round_interval_s} s (rows due from "
           f"{args.due_after_s} s, stream objects of {args.stream_object_kib} KiB), "
           f"{args.phases} phases of {args.phase_s} s per mode, alternating; load "
           f"average {result['load_average'][0][0]:.1f} -> {result['load_average'][1][0]:.1f}.",
-          "", "| append to durable | tiering off | tiering on |" + (
-              " its bare I/O |" if io else ""), "| --- | ---: | ---: |" + (" ---: |" if io else ""),
-          *[f"| {k} | {off.get(k)} | {on.get(k)} |" + (f" {io.get(k)} |" if io else "")
+          "", f"| append to durable | tiering off | tiering on (spread {args.spread}) |" + (
+              " on, unpaced burst |" if burst else "") + (" its bare I/O |" if io else ""),
+          "| --- | ---: | ---: |" + (" ---: |" if burst else "") + (" ---: |" if io else ""),
+          *[f"| {k} | {off.get(k)} | {on.get(k)} |" + (f" {burst.get(k)} |" if burst else "")
+            + (f" {io.get(k)} |" if io else "")
             for k in ("n", "p50_ms", "p99_ms", "p999_ms", "max_ms", "errors")],
           f"| stream objects swapped | 0 | {on['stream_objects_swapped']} |" + (
+              f" {burst['stream_objects_swapped']} |" if burst else "") + (
               f" 0 ({io['objects_written']} objects written) |" if io else ""), "",
           "Per phase: " + "; ".join(f"{p['mode']} p50 {p.get('p50_ms')} p99 {p.get('p99_ms')}"
                                     for p in result["phases"])]
@@ -433,6 +450,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4,
                         help="commit-latency: stream objects written at once (a node's "
                              "tiering_concurrency, 4)")
+    parser.add_argument("--spread", type=float, default=0.5,
+                        help="commit-latency: a round's reads paced over this share of "
+                             "--round-interval-s, its objects one at a time (a node's "
+                             "tiering_round_spread, 0.5; 0: --jobs at once, unpaced)")
+    parser.add_argument("--burst-phases", action="store_true",
+                        help="commit-latency: a \"burst\" phase after each \"on\" one: its "
+                             "rounds unpaced (--spread 0), --jobs at once")
     parser.add_argument("--io-phases", action="store_true",
                         help="commit-latency: an \"io\" phase after each \"on\" one: its "
                              "object writes alone (no tiering)")

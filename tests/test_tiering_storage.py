@@ -9,6 +9,7 @@ import random
 
 import pytest
 import trio
+import trio.testing
 
 from mink.protocol.records import iter_batches
 from mink.storage.controlplane import StaleEpoch
@@ -493,6 +494,42 @@ async def test_a_round_is_planned_page_by_page_as_it_would_be_at_once(
     assert await tiering.wal_rows(metadata, 0.0, partitions=one) == [
         r for r in everything if r[1] == 1]
     assert await tiering.wal_rows(metadata, 0.0, limit=10) == everything[:10]
+
+
+def test_a_pace_lets_reads_through_at_its_rate():
+    async def takes() -> list[float]:
+        pace = tiering.Pace(1000.0)
+        times = []
+        for nbytes in (500, 1000, 1500, 10):
+            await pace.take(nbytes)
+            times.append(trio.current_time())
+        await trio.sleep(10)  # idle: the next read goes at once, no burst owed
+        start = trio.current_time()
+        await pace.take(10)
+        times.append(trio.current_time() - start)
+        return times
+
+    times = trio.run(takes, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [round(t - times[0], 6) for t in times[:4]] == [0, 0.5, 1.5, 3.0]
+    assert times[4] == 0
+    assert tiering.round_pace([], 15, 0.5) is None
+    plan = tiering.StreamObjectPlan(None, 0, [tiering.WalRow(0, 0, "wal/k", 0, 3_000_000)])
+    assert tiering.round_pace([plan], 15, 0) is None
+    assert tiering.round_pace([plan, plan], 15, 0.5).bytes_per_s == 6_000_000 / 7.5
+
+
+async def test_a_paced_job_reads_no_faster_than_its_pace(metadata, nursery):
+    """A job's reads go through the round's pace: a plan of N bytes at N/2 bytes a second
+    takes at least about a second (its first read goes at once)."""
+    objects, topic, streams, log, epoch, plan = await one_partition_plan(
+        metadata, nursery, 30, 10 << 20)
+    assert len(plan.rows) > 10
+    first = plan.rows[0].size
+    pace = tiering.Pace(plan.size / 2)
+    started = trio.current_time()
+    await tiering.write_stream_object(metadata, objects, epoch, plan, pace=pace)
+    assert trio.current_time() - started >= (plan.size - first) / pace.bytes_per_s * 0.99
+    assert await tiering.backlog(metadata) == (0, 0)
 
 
 def test_plan_groups_consecutive_rows_up_to_the_target():

@@ -101,11 +101,15 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Tiering (seed 000's tiering worker, on the coordinator lease holder): a committed WAL
     # object is rewritten into per-partition stream objects of about tiering_stream_object_bytes
     # within tiering_delay_ms (-1: never); an upload begun and not swapped after
-    # tiering_upload_timeout_ms is deleted; tiering_concurrency stream objects at once.
+    # tiering_upload_timeout_ms is deleted. A round's reads are paced to take
+    # tiering_round_spread of the round interval (tiering_delay_ms / 4), its stream objects
+    # written one after another, so its work is spread thin beside the leader's commits; 0:
+    # as fast as they go, tiering_concurrency stream objects at once.
     tiering_delay_ms: int = 60_000
     tiering_stream_object_bytes: int = 32 * 1024 * 1024
     tiering_upload_timeout_ms: int = 600_000
     tiering_concurrency: int = 4
+    tiering_round_spread: float = 0.5
     # Compaction of cleanup.policy=compact topics under their writer leases (Kafka's
     # log.cleaner.backoff.ms: how often the cleaner looks for a partition to clean; -1: never).
     log_cleaner_backoff_ms: int = 15_000
@@ -277,6 +281,9 @@ def load_config(
     if config.log_format not in LOG_FORMATS:
         raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, "
                           f"not {config.log_format!r}")
+    if not 0 <= config.tiering_round_spread <= 1:
+        raise ConfigError(f"tiering_round_spread must be within [0, 1], got "
+                          f"{config.tiering_round_spread}")
     if config.log_cleaner_dedupe_buffer_size < MIN_DEDUPE_BUFFER_SIZE:
         # Kafka's floor too: a map of fewer keys makes a pass of little use
         raise ConfigError(f"log_cleaner_dedupe_buffer_size must be at least "

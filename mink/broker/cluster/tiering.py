@@ -203,7 +203,9 @@ class TieringWorker:
 
     async def _run_jobs(self, jobs: list[TieringJob], result: RoundResult) -> None:
         node, config = self.node, self.node.config
-        limiter = trio.CapacityLimiter(max(1, config.tiering_concurrency))
+        pace = tiering.round_pace([j.plan for j in jobs], self.interval,
+                                  config.tiering_round_spread)
+        limiter = trio.CapacityLimiter(1 if pace else max(1, config.tiering_concurrency))
         # Well inside the upload timeout: a job still running when its upload is swept
         # would find its swap refused, but its late PUT would leave an object behind.
         job_timeout = config.tiering_upload_timeout_ms / 2000
@@ -223,7 +225,7 @@ class TieringWorker:
                     with trio.fail_after(job_timeout):
                         await tiering.write_stream_object(node.metadata, node.objects,
                                                           j.coordinator_epoch, plan,
-                                                          writer=j.writer)
+                                                          writer=j.writer, pace=pace)
                     result.swapped += 1
                     result.bytes += plan.size
                     metrics.tiering_swapped(plan.size)

@@ -26,6 +26,7 @@ the coordinator lease holder is `mink/broker/cluster/tiering.py`.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -293,7 +294,38 @@ def _chunks(rows: list[WalRow], max_ranges: int, max_bytes: int) -> list[range]:
     return chunks
 
 
-async def _read_rows(objects, rows: list[WalRow]) -> list[bytes]:
+class Pace:
+    """At most `bytes_per_s` read, for every job that shares it: a round's reads (and so
+    its assembly and its swaps) spread over its interval, not a burst. A burst of a
+    round's work, the node and PostgreSQL busy for a few hundred ms on the cores the
+    leader's commits use, is what a commit's p99 sees; the same work spread thin is
+    interruptions of a few ms. Kafka's remote.log.manager.copy.max.bytes.per.second is
+    the same idea with a fixed rate."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        if bytes_per_s <= 0:
+            raise ValueError(f"a pace must be positive, not {bytes_per_s}")
+        self.bytes_per_s = bytes_per_s
+        self._free_at = -math.inf
+
+    async def take(self, nbytes: int) -> None:
+        """Wait until `nbytes` more may be read (the first read goes at once)."""
+        start = max(trio.current_time(), self._free_at)
+        self._free_at = start + nbytes / self.bytes_per_s
+        await trio.sleep_until(start)
+
+
+def round_pace(plans: list[StreamObjectPlan], interval_s: float,
+               spread: float) -> Pace | None:
+    """The pace that spreads a round's reads over `spread` of the round interval; None
+    (as fast as they go) when spread is 0."""
+    total = sum(p.size for p in plans)
+    if spread <= 0 or total == 0:
+        return None
+    return Pace(total / (interval_s * spread))
+
+
+async def _read_rows(objects, rows: list[WalRow], pace: Pace | None = None) -> list[bytes]:
     """The rows' bytes, read concurrently: in chunks through the store's batched gets
     where it has them, else a ranged GET per row. The first failure is raised as itself
     (not in an exception group, so the job's handlers see the store's error) and cancels
@@ -308,6 +340,8 @@ async def _read_rows(objects, rows: list[WalRow]) -> list[bytes]:
     failed: list[Exception] = []
 
     async def read(chunk: range) -> list[bytes]:
+        if pace is not None:
+            await pace.take(sum(rows[i].size for i in chunk))
         if get_ranges is None:
             row = rows[chunk.start]
             return [await objects.get(row.object_key, row.byte_start, row.byte_end)]
@@ -345,7 +379,8 @@ class WriterFence:
 
 async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoch: int,
                               plan: StreamObjectPlan, *, writer: WriterFence | None = None,
-                              index_interval: int = DEFAULT_INDEX_INTERVAL) -> str:
+                              index_interval: int = DEFAULT_INDEX_INTERVAL,
+                              pace: Pace | None = None) -> str:
     """One job: begin, read, upload, swap. Returns the new object's key once swapped;
     raises TieringRefused (the swap's reason), StaleEpoch (a lease moved: its reason says
     which, 'stale_coordinator_epoch', 'stale_writer_lease_epoch' or 'writer_lease_held';
@@ -353,14 +388,14 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
     short of its swap, cancellation included, gives its upload up at once (SQL_ABANDON);
     the sweep is left the uploads of nodes that died. `writer`: the writer lease this
     round holds; None for a coordinator's round of a topic whose writer lease nobody
-    holds."""
+    holds. `pace`: the round's read rate, shared by its jobs (None: as fast as it goes)."""
     writer_node = None if writer is None else writer.node_id
     writer_epoch = None if writer is None else writer.epoch
     key = stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
                             plan.last_offset, f"{coordinator_epoch}-{secrets.token_hex(4)}")
     try:
         return await _write_and_swap(metadata, objects, coordinator_epoch, plan, key,
-                                     writer_node, writer_epoch, index_interval)
+                                     writer_node, writer_epoch, index_interval, pace)
     except BaseException:  # refused, failed or cancelled: this upload will never be swapped
         with trio.CancelScope(shield=True), trio.move_on_after(ABANDON_TIMEOUT_S):
             try:
@@ -372,13 +407,14 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
 
 async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: int,
                           plan: StreamObjectPlan, key: str, writer_node: int | None,
-                          writer_epoch: int | None, index_interval: int) -> str:
+                          writer_epoch: int | None, index_interval: int,
+                          pace: Pace | None = None) -> str:
     await metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
         coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition,
         plan.base_offset, plan.last_offset))
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
     step = 0
-    for data in await _read_rows(objects, plan.rows):
+    for data in await _read_rows(objects, plan.rows, pace):
         writer.add(data)
         step += len(data)
         if step >= ASSEMBLY_STEP_BYTES:
@@ -459,8 +495,8 @@ async def sweep_uploads(metadata: MetadataStore, coordinator_epoch: int,
 
 
 __all__ = [
-    "Assignment", "StreamObjectPlan", "StreamObjectPlanner", "TieringRefused", "WalRow",
+    "Assignment", "Pace", "StreamObjectPlan", "StreamObjectPlanner", "TieringRefused", "WalRow",
     "WriterFence", "assign", "assigned_to", "assignments_done", "backlog", "open_uploads",
-    "plan_round", "plan_stream_objects", "sweep_uploads", "wal_row_pages", "wal_rows",
+    "plan_round", "plan_stream_objects", "round_pace", "sweep_uploads", "wal_row_pages", "wal_rows",
     "write_stream_object",
 ]
