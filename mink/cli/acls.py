@@ -32,11 +32,10 @@ from mink.cli.topics import (
     DEFAULT_BOOTSTRAP,
     CliError,
     _failure,
-    command_config,
-    connect,
+    run_admin_command,
     security_flag,
 )
-from mink.client import BlockingKafkaClient, KafkaClientError
+from mink.client import BlockingKafkaClient
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build, nested
 
@@ -216,10 +215,4 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        with connect(args.bootstrap_server, args.timeout,
-                     command_config(args.command_config)) as conn:
-            return COMMANDS[args.acls_command](conn, args)
-    except (CliError, KafkaClientError) as exc:
-        print(f"mink acls: {exc}", file=sys.stderr)
-        return 1
+    return run_admin_command(args, "acls", COMMANDS[args.acls_command])

@@ -11,7 +11,6 @@ users|clients` does against Kafka.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kio.schema.errors import ErrorCode
 
@@ -19,11 +18,10 @@ from mink.cli.topics import (
     DEFAULT_BOOTSTRAP,
     CliError,
     _failure,
-    command_config,
-    connect,
+    run_admin_command,
     security_flag,
 )
-from mink.client import BlockingKafkaClient, KafkaClientError
+from mink.client import BlockingKafkaClient
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build, nested
 
@@ -162,10 +160,4 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        with connect(args.bootstrap_server, args.timeout,
-                     command_config(args.command_config)) as conn:
-            return COMMANDS[args.quotas_command](conn, args)
-    except (CliError, KafkaClientError) as exc:
-        print(f"mink quotas: {exc}", file=sys.stderr)
-        return 1
+    return run_admin_command(args, "quotas", COMMANDS[args.quotas_command])

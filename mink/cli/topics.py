@@ -293,14 +293,20 @@ def add_parser(commands) -> argparse.ArgumentParser:
     return topics
 
 
-def run(args: argparse.Namespace) -> int:
+def run_admin_command(args: argparse.Namespace, name: str, command) -> int:
+    """`command(conn, args)` over a connection to --bootstrap-server; a refusal or an
+    unreachable cluster is one line on stderr and exit status 1."""
     try:
         with connect(args.bootstrap_server, args.timeout,
                      command_config(args.command_config)) as conn:
-            return COMMANDS[args.topics_command](conn, args)
+            return command(conn, args)
     except (CliError, KafkaClientError) as exc:
-        print(f"mink topics: {exc}", file=sys.stderr)
+        print(f"mink {name}: {exc}", file=sys.stderr)
         return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_admin_command(args, "topics", COMMANDS[args.topics_command])
 
 
 def main(argv: list[str] | None = None) -> int:
