@@ -228,11 +228,11 @@ def test_kafka_python_clients_see_no_error_through_a_sigterm(cluster):
     producer.close()
     cluster.wait_for(lambda: set(sent) <= set(consumed), timeout=60,
                      what="the group consuming every acknowledged message")
+    assert group_state(cluster, group)[0] == generation, "the group's generation moved"
     stop.set()
     reader.join(30)
     consumer.close()
     assert not errors, errors[:5]
-    assert group_state(cluster, group)[0] == generation, "the group's generation moved"
     got = consume_all(cluster.bootstrap, "kp-drained", 6, len(sent))
     values = collections.Counter(v for _, _, v in got)
     assert not [v for v, c in values.items() if c > 1], "duplicates"
