@@ -124,7 +124,8 @@ class ClusterCoordinator:
                 await self.hold_lease()
                 if self.is_holder:
                     await self.tick()
-                if self.is_holder and self._draining() and self._leads_nothing():
+                if (self.is_holder and self._draining() and self._leads_nothing()
+                        and self.node.view.assignable):
                     # Its own partitions moved (by this very tick): hand the lease over.
                     await self.release()
                     log.info("node %d drains: coordinator lease released for another node",
@@ -154,7 +155,7 @@ class ClusterCoordinator:
             if draining and view.assignable and any(
                     p.leader in draining for t in view.topics.values() for p in t.partitions):
                 self.wake()
-        elif view.coordinator is None and not self._draining():
+        elif view.coordinator is None and (not self._draining() or not view.assignable):
             self.wake()
 
     def _draining(self) -> bool:
@@ -172,8 +173,10 @@ class ClusterCoordinator:
             self.lease_epoch = None
             return
         if self.lease_epoch is None:
-            if self._draining():
-                return  # a draining node takes no new work, coordinating included
+            if self._draining() and node.view.assignable:
+                # A draining node takes no new work, coordinating included, while another
+                # node may (when every live node drains, somebody must still coordinate).
+                return
             self.lease_epoch = await node.metadata.acquire_lease(
                 COORDINATOR_LEASE, node.node_id, node.membership.node_epoch, ttl_s=ttl)
             if self.lease_epoch is not None:
