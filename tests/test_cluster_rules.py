@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
+import msgspec
 import pytest
 
 from mink.broker.cluster.coordinator import plan_orphan_moves, plan_rebalance
@@ -101,6 +102,34 @@ def test_assignment(event, leaders, live, planner, expected):
     moves = planner(view)
     assert targets(moves) == expected
     assert all(epoch == 3 for *_, epoch in moves), "each move names the epoch it replaces"
+
+
+# (event, leaders by partition, live nodes, draining nodes, planner, expected moves)
+DRAINING = [
+    ("a node drains (controlled shutdown, `mink cluster drain`): its partitions go to the "
+     "least loaded others", [1, 1, 2, 2, 3, 3], [1, 2, 3], [2], plan_orphan_moves,
+     [(2, 1), (3, 3)]),
+    ("every live node drains: nothing moves between them", [1, 2], [1, 2], [1, 2],
+     plan_orphan_moves, []),
+    ("a dead node's partitions never go to a draining node", [1, 9, 9], [1, 2], [2],
+     plan_orphan_moves, [(1, 1), (2, 1)]),
+    ("every live node drains: a dead node's partitions still get a leader", [1, 9], [1], [1],
+     plan_orphan_moves, [(1, 1)]),
+    ("rebalance leaves a draining node out", [1, 1, 1, 1, 2, 2], [1, 2, 3], [3],
+     plan_rebalance, [(3, 2)]),
+    ("rebalance moves a draining node's partitions first", [1, 2, 3, 3], [1, 2, 3], [3],
+     plan_rebalance, [(2, 1), (3, 2)]),
+]
+
+
+@pytest.mark.parametrize("event, leaders, live, draining, planner, expected", DRAINING,
+                         ids=[row[0] for row in DRAINING])
+def test_draining_nodes_take_no_work(event, leaders, live, draining, planner, expected):
+    view = make_view(leaders, live)
+    view = msgspec.structs.replace(view, nodes=[
+        msgspec.structs.replace(n, draining="operator" if n.node_id in draining else None)
+        for n in view.nodes])
+    assert targets(planner(view)) == expected
 
 
 def loads_after(view: md.View, moves) -> Counter:

@@ -70,6 +70,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Cluster timing (seconds).
     lease_ttl: float = 30.0
     coordinator_tick: float = 5.0
+    # Controlled shutdown (SIGTERM, SIGINT): the longest a stopping node waits for its
+    # partitions to be open on other nodes before it leaves anyway; 0 leaves at once.
+    controlled_shutdown_timeout_ms: int = 10_000
     # Seed 001: the most partition leases (per-partition background work) one node holds.
     max_partitions: int = 10_000
 

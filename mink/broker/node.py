@@ -18,6 +18,7 @@ import trio_asyncio
 from mink import collector
 from mink.broker.admin.http import serve_admin
 from mink.broker.admin.metrics import node_metrics
+from mink.broker.cluster.controlled_shutdown import serve_shutdown_requests
 from mink.broker.cluster.coordinator import ClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
 from mink.broker.cluster.compaction import LogCleaner
@@ -95,7 +96,18 @@ class Node:
         # False: stopping leaves the membership and the coordinator lease to expire, as after
         # a crash (the test harness's in-process "kill").
         self.leave_on_stop = True
+        # A controlled shutdown began (mink.broker.cluster.controlled_shutdown): no new work.
+        self.stopping = False
+        self.shutdown_requested = trio.Event()  # set by `mink serve` at the first signal
+        self.handed_over = trio.Event()  # set once the controlled shutdown is over
         self.nursery: trio.Nursery | None = None  # the one nursery, set by _serve
+
+    @property
+    def draining(self) -> bool:
+        """Whether this node takes no new work: it is stopping cleanly, or the view says it
+        drains (`mink cluster drain`, sql/0027)."""
+        me = self.view.brokers.get(self.node_id)
+        return self.stopping or (me is not None and me.draining)
 
     def leader_log(self, topic: TopicInfo, partition: int) -> PartitionLog | None:
         """The open log of a partition this node leads, or None (not the leader, still
@@ -196,6 +208,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             await nursery.start(node.groups.run)
             nursery.start_soon(node.transactions.run)
             nursery.start_soon(node.markers.run)
+            nursery.start_soon(serve_shutdown_requests, node)  # controlled shutdown
             if on_started is not None:
                 on_started(node)
             task_status.started(node.advertised)

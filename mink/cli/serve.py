@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 
 import trio
 
@@ -28,18 +29,37 @@ def setup_logging(config: Config) -> None:
 
 
 async def run_until_signal(config: Config) -> int:
+    """Serve until SIGINT or SIGTERM. The first signal starts a controlled shutdown (the
+    node's partitions move to the other nodes, bounded by controlled_shutdown_timeout_ms,
+    then it leaves); a second one stops at once."""
+    from mink.broker.cluster.controlled_shutdown import stop_in_node
     from mink.broker.node import run_node
     from mink.storage.controlplane import NodeIdInUse
 
     refused: list[NodeIdInUse] = []
+    started: list = []
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(run_node, config)
+                await nursery.start(partial(run_node, config, on_started=started.append))
+
+                async def stop_cleanly() -> None:
+                    timeout = config.controlled_shutdown_timeout_ms / 1000
+                    if started and timeout > 0:
+                        await stop_in_node(started[0], timeout)
+                    nursery.cancel_scope.cancel()
 
                 async def stop_on_signal() -> None:
+                    seen = 0
                     async for signum in signals:
-                        log.info("%s received, stopping", signal.Signals(signum).name)
+                        seen += 1
+                        name = signal.Signals(signum).name
+                        if seen == 1:
+                            log.info("%s received, stopping (controlled shutdown; a second "
+                                     "signal stops at once)", name)
+                            nursery.start_soon(stop_cleanly)
+                            continue
+                        log.info("%s received again, stopping at once", name)
                         nursery.cancel_scope.cancel()
                         return
 

@@ -1,10 +1,15 @@
 """The cluster coordinator (seed 000, "Assignment" and "Coordinator failover").
 
 Every node competes for the coordinator lease in PostgreSQL; only its holder runs the tick.
-The tick re-leads partitions whose leader is not live to the least-loaded live node (lowest
-id on ties, loads updated after each move) and serves `mink cluster rebalance` requests.
-Every LeadBucket it issues carries the lease epoch, so a coordinator that lost the lease
-cannot move anything.
+The tick re-leads partitions whose leader is not live, or is draining (a clean stop, or
+`mink cluster drain`), to the least-loaded live node that is not draining (lowest id on
+ties, loads updated after each move) and serves `mink cluster rebalance` requests. Every
+LeadBucket it issues carries the lease epoch, so a coordinator that lost the lease cannot
+move anything. A draining node does not take the lease; a draining holder moves its own
+partitions first, then releases the lease for another node to take.
+
+A change of the view (a node draining, the lease released) wakes the tick at once instead of
+at the next `coordinator_tick`: a controlled shutdown is done in well under a second.
 """
 
 from __future__ import annotations
@@ -33,28 +38,37 @@ def _partitions(view: md.View):
             yield topic, p
 
 
+def _targets(view: md.View) -> list[int]:
+    """The nodes new leadership may go to: the live nodes not draining; every live node when
+    all of them drain (orphans of dead nodes must still go somewhere)."""
+    taking = sorted(n.node_id for n in view.nodes if n.draining is None)
+    return taking or sorted(n.node_id for n in view.nodes)
+
+
 def plan_orphan_moves(view: md.View, loads: Counter | None = None) -> list[Move]:
-    """Partitions whose leader is not live go to the least-loaded live node."""
-    live = sorted(n.node_id for n in view.nodes)
-    if not live:
+    """Partitions whose leader is not live, or drains, go to the least-loaded live node that
+    does not drain. A draining node keeps its partitions while no other node may take them."""
+    targets = _targets(view)
+    if not targets:
         return []
     if loads is None:
-        loads = Counter({node_id: 0 for node_id in live})
+        loads = Counter({node_id: 0 for node_id in targets})
         for _, p in _partitions(view):
             if p.leader_node in loads:
                 loads[p.leader_node] += 1
     moves = []
     for topic, p in _partitions(view):
-        if p.leader_node not in loads:
-            target = min(live, key=lambda n: (loads[n], n))
+        if p.leader_node not in loads:  # dead, or draining while another node takes work
+            target = min(targets, key=lambda n: (loads[n], n))
             loads[target] += 1
             moves.append((topic.topic_id, p.partition, target, p.leader_epoch))
     return moves
 
 
 def plan_rebalance(view: md.View) -> list[Move]:
-    """Orphans first, then from nodes above 110% of the mean load to nodes below 90%."""
-    live = sorted(n.node_id for n in view.nodes)
+    """Orphans (and draining nodes' partitions) first, then from nodes above 110% of the mean
+    load to nodes below 90%; draining nodes take no part."""
+    live = _targets(view)
     if not live:
         return []
     loads = Counter({node_id: 0 for node_id in live})
@@ -98,6 +112,7 @@ class ClusterCoordinator:
         self.node = node
         self.lease_epoch: int | None = None
         self._ticks = 0
+        self._wake = trio.Event()  # set: tick now, not at the next coordinator_tick
 
     @property
     def is_holder(self) -> bool:
@@ -109,6 +124,12 @@ class ClusterCoordinator:
                 await self.hold_lease()
                 if self.is_holder:
                     await self.tick()
+                if (self.is_holder and self._draining() and self._leads_nothing()
+                        and self.node.view.assignable):
+                    # Its own partitions moved (by this very tick): hand the lease over.
+                    await self.release()
+                    log.info("node %d drains: coordinator lease released for another node",
+                             self.node.node_id)
             except MetadataUnavailable as exc:
                 log.warning("coordinator tick skipped: %s", exc)
             except md.MetadataError as exc:
@@ -117,7 +138,33 @@ class ClusterCoordinator:
                 self.lease_epoch = None
             except ObjectStoreError as exc:
                 log.warning("garbage collection stopped: %s", exc)
-            await trio.sleep(self.node.config.coordinator_tick)
+            with trio.move_on_after(self.node.config.coordinator_tick):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def wake(self) -> None:
+        """Tick now (a node drains, the lease was released), not at the next tick."""
+        self._wake.set()
+
+    def on_view(self, view) -> None:
+        """Called by the sync at every view refresh (`ClusterView`): a holder that sees a
+        draining node still leading something (and a node to move it to) ticks at once; a
+        node that sees no holder tries to take the lease at once."""
+        if self.is_holder:
+            draining = {b.node_id for b in view.brokers.values() if b.draining}
+            if draining and view.assignable and any(
+                    p.leader in draining for t in view.topics.values() for p in t.partitions):
+                self.wake()
+        elif view.coordinator is None and (not self._draining() or not view.assignable):
+            self.wake()
+
+    def _draining(self) -> bool:
+        return self.node.draining
+
+    def _leads_nothing(self) -> bool:
+        me = self.node.node_id
+        return not any(p.leader == me for t in self.node.view.topics.values()
+                       for p in t.partitions)
 
     async def hold_lease(self) -> None:
         node = self.node
@@ -126,6 +173,10 @@ class ClusterCoordinator:
             self.lease_epoch = None
             return
         if self.lease_epoch is None:
+            if self._draining() and node.view.assignable:
+                # A draining node takes no new work, coordinating included, while another
+                # node may (when every live node drains, somebody must still coordinate).
+                return
             self.lease_epoch = await node.metadata.acquire_lease(
                 COORDINATOR_LEASE, node.node_id, node.membership.node_epoch, ttl_s=ttl)
             if self.lease_epoch is not None:
@@ -150,7 +201,13 @@ class ClusterCoordinator:
 
     async def tick(self) -> None:
         view = await self.node.metadata.view()
-        await self._apply(plan_orphan_moves(view), "orphaned")
+        live = {n.node_id for n in view.nodes}
+        moves = plan_orphan_moves(view)
+        sources = {(t.topic_id, p.partition): p.leader_node for t, p in _partitions(view)}
+        # Partitions of dead nodes, then those of draining nodes (a controlled shutdown or
+        # `mink cluster drain`: logged as such).
+        await self._apply([m for m in moves if sources[m[:2]] not in live], "orphaned")
+        await self._apply([m for m in moves if sources[m[:2]] in live], "drain")
         for request_id in await self.node.metadata.pending_cluster_requests("rebalance"):
             moves = plan_rebalance(await self.node.metadata.view())
             if not await self._apply(moves, "rebalance"):

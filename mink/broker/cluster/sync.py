@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # Partitions opened at once by one sync (each open is a PostgreSQL round trip).
 OPEN_CONCURRENCY = 8
+# Seconds between syncs while a partition this node should open is still held by its
+# previous leader (HeldBy).
+HELD_BY_RETRY = 0.1
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,10 @@ class PartitionSync:
                             await self.refresh_view()
                         except MetadataUnavailable as exc:
                             log.warning("view refresh failed: %s", exc)
-                        with trio.move_on_after(poll):
+                        # A partition held by its previous leader is tried again soon:
+                        # a clean hand-over closes the stream within milliseconds, and
+                        # closing writes no change-log row that would wake this loop.
+                        with trio.move_on_after(HELD_BY_RETRY if self._held_by else poll):
                             await wakeups.wait()
             except* MetadataUnavailable as group:
                 log.warning("change-log listener unavailable: %s", group.exceptions[0])
@@ -124,6 +130,7 @@ class PartitionSync:
         await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
         await node.authorizer.refresh(node.view.version)  # ACLs, likewise
         await self.sync_partitions()
+        node.coordinator.on_view(node.view)  # a node draining: the holder ticks at once
         node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
 
     def _with_listed_brokers(self, view: ClusterView) -> ClusterView:
@@ -146,15 +153,28 @@ class PartitionSync:
         async with self._sync_lock:
             wanted: set[tuple[uuid.UUID, int]] = set()
             to_open = []
+            # Streams still marked open by this incarnation whose log is closed already (a
+            # commit refused once the partition moved closes the log before the view shows
+            # the move): mark them closed too, or the new leader waits out the HeldBy grace.
+            left_open = []
             for topic in node.view.topics.values():
                 for p in topic.partitions:
+                    if (p.leader != node.node_id and p.stream_open
+                            and p.opened_by_node == node.node_id
+                            and p.opened_by_epoch == streams.node_epoch
+                            and p.open_leader_epoch is not None
+                            and (topic.topic_id, p.index) not in streams.logs):
+                        left_open.append(((topic.topic_id, p.index), p.open_leader_epoch))
                     if p.leader == node.node_id:
                         wanted.add((topic.topic_id, p.index))
                         partition_log = streams.get(topic.topic_id, p.index)
                         if partition_log is None or partition_log.closed is not None or (
                                 partition_log.leader_epoch < p.leader_epoch):
                             to_open.append((topic, p))
-            handed_over = []
+            opening = {(topic.topic_id, p.index) for topic, p in to_open}
+            for key in [k for k in self._held_by if k not in opening]:
+                del self._held_by[key]  # moved on meanwhile
+            handed_over = left_open
             for key in [k for k in streams.logs if k not in wanted]:
                 handed_over.append((key, streams.logs[key].leader_epoch))
                 streams.close(*key)
@@ -210,8 +230,12 @@ class PartitionSync:
         stream = StreamInView(p.leader_epoch, p.stream_open, p.opened_by_node,
                               p.opened_by_epoch, p.open_leader_epoch)
         live_epochs = {b.node_id: b.epoch for b in node.view.brokers.values()}
+        # A draining opener handed the partition over on purpose: no grace. Waiting would buy
+        # nothing: its commits at the old leader epoch are refused since the move anyway.
+        opener = node.view.brokers.get(p.opened_by_node) if p.opened_by_node else None
+        grace = 0.0 if opener is not None and opener.draining else self.held_by_grace
         plan = plan_open(stream, node.node_id, membership.node_epoch, live_epochs,
-                         now - self._held_by.get(key, now), self.held_by_grace)
+                         now - self._held_by.get(key, now), grace)
         try:
             if plan.held_by:
                 self._held_by.setdefault(key, now)
@@ -243,7 +267,8 @@ def view_from_snapshot(snapshot: md.View) -> ClusterView:
         version=snapshot.version,
         cluster_id=snapshot.cluster_id,
         brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch,
-                                       tuple((e[0], e[2], e[3]) for e in n.endpoints))
+                                       tuple((e[0], e[2], e[3]) for e in n.endpoints),
+                                       n.draining is not None)
                  for n in snapshot.nodes},
         topics={
             t.name: TopicInfo(t.topic_id, t.name, tuple(

@@ -18,6 +18,9 @@ class BrokerInfo:
     # Its advertised listeners: (name, host, port). Clients are answered with the endpoint
     # of the listener their request came in on (`endpoint`).
     endpoints: tuple[tuple[str, str, int], ...] = ()
+    # Draining (a clean stop, or `mink cluster drain`): live, still listed and still leading
+    # what has not moved yet, but given no new partitions (sql/0027).
+    draining: bool = False
 
     def endpoint(self, listener: str | None) -> tuple[str, int]:
         """(host, port) of this broker's advertised listener named `listener`; its
@@ -76,6 +79,11 @@ class ClusterView:
         if self.coordinator is not None and self.coordinator in self.brokers:
             return self.coordinator
         return min(self.brokers or self.listed_brokers, default=-1)
+
+    @property
+    def assignable(self) -> list[int]:
+        """The live nodes new work may go to (not draining), by id."""
+        return sorted(b.node_id for b in self.brokers.values() if not b.draining)
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         # Fetch v13+ names every topic by id: one dict per snapshot, not a scan per topic.

@@ -41,9 +41,10 @@ class TopicAdmin:
 
     def assign_leaders(self, partitions: int, first: int = 0) -> list[int]:
         """Seed 000: partition i goes to live node (i + start) % n, start from the clock so
-        consecutive topics begin on different nodes."""
+        consecutive topics begin on different nodes. Draining nodes get none (unless every
+        live node drains: then they all count, so a topic can still be created)."""
         node = self.node
-        live = sorted(node.view.brokers) or [node.node_id]
+        live = node.view.assignable or sorted(node.view.brokers) or [node.node_id]
         start = int(time.time() * 1000) % len(live)
         return [live[(first + i + start) % len(live)] for i in range(partitions)]
 

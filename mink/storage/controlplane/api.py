@@ -131,6 +131,9 @@ class NodeInfo(msgspec.Struct, frozen=True):
     live: bool = True
     # Its advertised listeners (sql/0019): (name, security protocol, host, port); in the view
     endpoints: list[tuple[str, str, str, int]] = []
+    # Draining (sql/0027): None, 'shutdown' (a clean stop) or 'operator' (`mink cluster
+    # drain`); a draining node is given no new work and its partitions are moved away.
+    draining: str | None = None
 
 
 class LeaseInfo(msgspec.Struct, frozen=True):

@@ -130,6 +130,18 @@ UPDATE nodes SET expires_at = now() + %s::float8 * interval '1 second', renewed_
 RETURNING epoch"""
 SQL_LEAVE = "SELECT mink_leave_node(%s::int, %s::bigint)"
 SQL_FENCE_NODE = "SELECT mink_fence_node(%s::int, %s::bigint)"
+SQL_DRAIN_NODE = "SELECT mink_drain_node(%s::int, %s::bigint, %s::text)"
+SQL_UNDRAIN_NODE = "SELECT mink_undrain_node(%s::int)"
+# A drain's progress: partitions still led by the node, and partitions that were its own and
+# are not open yet by their new leader at their current leader epoch.
+SQL_NOT_HANDED_OVER = """
+SELECT count(*) FROM partitions AS p JOIN topics AS t USING (topic_id)
+ WHERE t.deleted_at IS NULL
+   AND (p.leader_node = %(node)s
+        OR ((p.topic_id, p.partition) IN (SELECT * FROM unnest(%(topics)s::uuid[],
+                                                               %(partitions)s::int[]))
+            AND NOT (p.stream_state = 'open' AND p.opened_by_node = p.leader_node
+                     AND p.open_leader_epoch = p.leader_epoch)))"""
 _NODE_COLUMNS = """node_id, epoch, host, port, rack,
        CASE WHEN expires_at = '-infinity' THEN NULL ELSE expires_at END, expires_at > now()"""
 SQL_LIVE_NODES = f"SELECT {_NODE_COLUMNS} FROM nodes WHERE expires_at > now() ORDER BY node_id"
@@ -172,7 +184,7 @@ SELECT json_build_object(
     'nodes', coalesce((
         SELECT json_agg(json_build_object(
                    'node_id', n.node_id, 'epoch', n.epoch, 'host', n.host, 'port', n.port,
-                   'rack', n.rack, 'expires_at', n.expires_at,
+                   'rack', n.rack, 'expires_at', n.expires_at, 'draining', n.draining,
                    'endpoints', coalesce((
                        SELECT json_agg(json_build_array(e.listener_name, e.security_protocol,
                                                         e.host, e.port)
@@ -655,6 +667,33 @@ class MetadataStore:
         the row and its epoch stay, the next register_node gets epoch + 1. StaleEpoch if
         node_epoch is not current; leaving twice is a no-op."""
         await self.fetch_one(WRITE, SQL_LEAVE, (node_id, node_epoch))
+
+    async def drain_node(self, node_id: int, node_epoch: int | None, reason: str) -> bool:
+        """Mark a node draining (sql/0027): the coordinator moves its partitions away and
+        assigns it nothing. `node_epoch`: the node's own registration (a clean stop, reason
+        'shutdown'; False unless current and live), or None (an operator, 'operator').
+        UnknownNode for a node id never registered."""
+        row = await self.fetch_one(WRITE, SQL_DRAIN_NODE, (node_id, node_epoch, reason))
+        assert row is not None
+        return bool(row[0])
+
+    async def undrain_node(self, node_id: int) -> str | None:
+        """Clear an operator's drain mark; returns the mark left (None: takes work again;
+        'shutdown': that node is stopping). UnknownNode for a node id never registered."""
+        row = await self.fetch_one(WRITE, SQL_UNDRAIN_NODE, (node_id,))
+        assert row is not None
+        return row[0]
+
+    async def not_handed_over(self, node_id: int,
+                              partitions: Sequence[tuple[uuid.UUID, int]]) -> int:
+        """How many partitions a draining node still leads, or of `partitions` (what it led)
+        are not yet open by their new leader at their current leader epoch: 0 once every
+        one is writable elsewhere."""
+        row = await self.fetch_one(READ, SQL_NOT_HANDED_OVER, {
+            "node": node_id, "topics": [k[0] for k in partitions],
+            "partitions": [k[1] for k in partitions]})
+        assert row is not None
+        return row[0]
 
     async def live_nodes(self) -> list[NodeInfo]:
         return [NodeInfo(*r) for r in await self.fetch_all(READ, SQL_LIVE_NODES)]

@@ -25,7 +25,7 @@ PREFERRED, UNCLEAN = 0, 1
 def plan(view, wanted: list[tuple[str, int]], election_type: int
          ) -> tuple[dict[tuple[str, int], tuple[ErrorCode, str | None]], list, list]:
     """(results, moves, moved keys) for the partitions asked for."""
-    live = sorted(view.brokers)
+    live = view.assignable or sorted(view.brokers)  # draining nodes take no leadership
     loads = Counter({n: 0 for n in live})
     for topic in view.topics.values():
         for p in topic.partitions:
