@@ -376,6 +376,18 @@ async def test_create_topics_protocol_details(node):
         {"name": "a_b", "partitions": 1}))
     assert response.topics[0].error_code == ErrorCode.invalid_topic_exception
     assert "collides" in response.topics[0].error_message
+    # Within one request too (the view is refreshed once, after the request's topics).
+    _, response = await in_thread(raw, node, ApiKey.CREATE_TOPICS, create_request(
+        {"name": "c.d", "partitions": 1}, {"name": "c_d", "partitions": 1},
+        {"name": "e", "partitions": 3}))
+    assert [t.error_code for t in response.topics] == [
+        ErrorCode.none, ErrorCode.invalid_topic_exception, ErrorCode.none]
+    assert "collides" in response.topics[1].error_message
+    _, metadata = await in_thread(raw, node, ApiKey.METADATA, lambda schema: build(
+        schema, topics=None, allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False))
+    counts = {t.name: len(t.partitions) for t in metadata.topics}
+    assert counts["c.d"] == 1 and counts["e"] == 3 and "c_d" not in counts
 
 
 async def test_delete_topics_by_id(node):

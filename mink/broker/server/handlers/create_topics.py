@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -66,6 +67,7 @@ async def handle(node, ctx, request):
     results: dict[str, object] = dict(denied)
     counts = Counter(t.name for t in request.topics)
     total = sum(_requested_partitions(node, t) for t in request.topics)
+    created: list[str] = []  # by this request: the view shows them after the loop
     for topic in request.topics:
         name = topic.name
         if name in results:
@@ -76,13 +78,16 @@ async def handle(node, ctx, request):
                               "Excessively large number of partitions per request.")
             if counts[name] > 1:
                 raise Refused(ErrorCode.invalid_request, "Duplicate topic name.")
-            plan = plan_topic(node, topic)
+            plan = plan_topic(node, topic, created)
             topic_id = ZERO_UUID
             if not request.validate_only:
                 topic_id = await create_topic(node, plan)
+                created.append(name)
             results[name] = _created(schema, plan, topic_id, node.config)
         except Refused as refused:
             results[name] = _refused(schema, name, refused)
+    if created:  # one view refresh for the request, not one per topic
+        await node.topic_admin.refresh_after_actions()
     ctx.applied()
     return build(schema, throttle_time=NO_THROTTLE, topics=tuple(results.values()))
 
@@ -95,17 +100,18 @@ def _requested_partitions(node, topic) -> int:
     return max(topic.num_partitions, 0)
 
 
-def plan_topic(node, topic) -> Plan:
+def plan_topic(node, topic, created: Sequence[str] = ()) -> Plan:
     """What creating `topic` means, or Refused; in Kafka's order: name, existence, configs,
-    then the assignment, replication factor and partition count."""
+    then the assignment, replication factor and partition count. `created`: topics the
+    same request created before it, not yet in the view."""
     name = topic.name
     problem = topic_name_error(name)
     if problem:
         raise Refused(ErrorCode.invalid_topic_exception, problem)
     view = node.view
-    if name in view.topics:
+    if name in view.topics or name in created:
         raise Refused(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
-    collision = _colliding_topic(name, view.topics)
+    collision = _colliding_topic(name, [*view.topics, *created] if created else view.topics)
     if collision:
         raise Refused(ErrorCode.invalid_topic_exception,
                       f"Topic '{name}' collides with existing topic: {collision}")
@@ -191,10 +197,12 @@ def _colliding_topic(name: str, topics) -> str | None:
 
 
 async def create_topic(node, plan: Plan) -> uuid.UUID:
-    """Create the topic and wait until this node's view has it; Refused on a known refusal."""
+    """Create the topic (the caller refreshes the view after); Refused on a known
+    refusal."""
     try:
         created = await node.topic_admin.create_topic(plan.name, plan.partitions,
-                                                      plan.configs, plan.leaders)
+                                                      plan.configs, plan.leaders,
+                                                      refresh=False)
     except NotClusterCoordinator as exc:
         raise Refused(ErrorCode.not_controller, str(exc)) from None
     except md.TopicExists:
