@@ -376,3 +376,41 @@ def _produce_idempotent(bootstrap: str, topic: str, count: int) -> dict:
     left = producer.flush(60)
     return {"errors": [str(e) for e in errors] + ([f"{left} not flushed"] if left else []),
             "delivered": len(delivered)}
+
+
+async def test_pooled_sasl_connections_are_renewed_before_their_session_ends(mink_postgres):
+    """KIP-368 on the inter-broker listener (sessions of 1.5 s): forwarded Produce requests
+    over 4 s all succeed, the pool opening a new connection before its session ends (the
+    peer would close the old one at its first request after the end)."""
+    from mink.testing import open_cluster
+    from tests.support.security import create_users, endpoints
+    from tests.test_acls import binding, create_acls
+
+    async with open_cluster(2, mink_postgres, proxy=False, connections_max_reauth_ms=1500,
+                            **SECURED) as cluster:
+        plain = endpoints(cluster.node(1))["PLAINTEXT"]
+        await trio.to_thread.run_sync(create_users, plain, USERS)
+        await trio.to_thread.run_sync(create_acls, plain, [
+            binding("CLUSTER", "kafka-cluster", "User:broker", "CLUSTER_ACTION"),
+            binding("TOPIC", "fwd-reauth", "User:alice", "WRITE")])
+        await cluster.create_topic("fwd-reauth", partitions=2)
+        remote = led_by(cluster, "fwd-reauth")[2][0]
+        with trio.fail_after(20):  # the ACLs reach both views
+            while True:
+                async with await KafkaClient.connect(endpoints(cluster.node(1))["CLIENT"],
+                                                     security=login("alice")) as alice:
+                    got = answered(await alice.call(ApiKey.PRODUCE, VERSION, produce_body(
+                        [("fwd-reauth", [(remote, batch("warm", 1))])])))
+                if got[0][2] == 0:
+                    break
+                await trio.sleep(0.1)
+        errors = []
+        ended = trio.current_time() + 4
+        while trio.current_time() < ended:
+            async with await KafkaClient.connect(endpoints(cluster.node(1))["CLIENT"],
+                                                 security=login("alice")) as alice:
+                got = answered(await alice.call(ApiKey.PRODUCE, VERSION, produce_body(
+                    [("fwd-reauth", [(remote, batch("r", 1))])])))
+            errors += [g[2] for g in got if g[2]]
+            await trio.sleep(0.2)
+        assert errors == []

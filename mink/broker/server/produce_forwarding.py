@@ -108,6 +108,7 @@ class Forwarded:
         routes = self._routes()
         if routes is None:
             return False
+        self.previous = None  # no chain of requests kept alive behind this one
         self._submit(routes)
         return True
 
