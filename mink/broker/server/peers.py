@@ -53,7 +53,7 @@ class PeerCall:
     `failure` (NOT_SENT or LOST) with `reason`."""
 
     __slots__ = ("envelope", "deadline", "done", "sent", "response", "failure", "reason",
-                 "correlation_id")
+                 "correlation_id", "connection")
 
     def __init__(self, envelope: EnvelopeRequest, deadline: float) -> None:
         self.envelope = envelope
@@ -64,6 +64,7 @@ class PeerCall:
         self.failure: str | None = None
         self.reason = ""
         self.correlation_id = -1
+        self.connection: _Connection | None = None  # the one it was sent on
 
     def answer(self, response) -> None:
         if not self.done.is_set():
@@ -82,6 +83,10 @@ class PeerCall:
         with trio.move_on_at(until):
             await self.done.wait()
         if not self.done.is_set():
+            if self.connection is not None:
+                # As Kafka's NetworkClient after a request timeout: the connection is closed
+                # (its other calls in flight end as lost too), the next call opens a new one.
+                self.connection.lose("a call went unanswered past its deadline")
             self.fail(LOST if self.sent else NOT_SENT, "no answer in time" if self.sent
                       else "not sent in time")
 
@@ -142,12 +147,15 @@ class _Connection:
         self.lost: str | None = None
         self.drained = trio.Event()
         self.drained.set()
+        self._reader = trio.CancelScope()  # cancelled when lost: the stream is closed
 
     def lose(self, reason: str) -> None:
-        """The connection is gone: every call in flight has an unknown outcome."""
+        """The connection is gone (or given up): every call in flight has an unknown
+        outcome, and the reader stops and closes the stream."""
         if self.lost is None:
             self.lost = reason
             log.info("connection to node %d lost: %s", self.target, reason)
+            self._reader.cancel()
         while self.in_flight:
             self.in_flight.popleft().fail(LOST, f"connection to node {self.target} lost: "
                                                 f"{reason}")
@@ -155,18 +163,8 @@ class _Connection:
 
     async def read_answers(self) -> None:
         try:
-            while True:
-                received, response = await self.client.receive(ApiKey.ENVELOPE,
-                                                               ENVELOPE_VERSION)
-                if not self.in_flight:
-                    raise KafkaClientError(f"an answer nobody asked for (id {received})")
-                call = self.in_flight.popleft()
-                if call.correlation_id != received:
-                    raise KafkaClientError(f"answered out of turn (correlation id "
-                                           f"{received}, expected {call.correlation_id})")
-                call.answer(response)
-                if not self.in_flight:
-                    self.drained.set()
+            with self._reader:
+                await self._read_answers()
         except _IO_ERRORS as exc:
             self.lose(str(exc) or type(exc).__name__)
         finally:
@@ -174,15 +172,33 @@ class _Connection:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.client.stream)
 
+    async def _read_answers(self) -> None:
+        while True:
+            received, response = await self.client.receive(ApiKey.ENVELOPE,
+                                                           ENVELOPE_VERSION)
+            if not self.in_flight:
+                raise KafkaClientError(f"an answer nobody asked for (id {received})")
+            call = self.in_flight.popleft()
+            if call.correlation_id != received:
+                raise KafkaClientError(f"answered out of turn (correlation id "
+                                       f"{received}, expected {call.correlation_id})")
+            call.answer(response)
+            if not self.in_flight:
+                self.drained.set()
+
     async def send(self, call: PeerCall) -> None:
         correlation_id, frame = self.client.exchange.encode(ApiKey.ENVELOPE, ENVELOPE_VERSION,
                                                             call.envelope)
         call.correlation_id = correlation_id
         call.sent = True
+        call.connection = self
         self.in_flight.append(call)
         self.drained = trio.Event()
         try:
-            await self.client.stream.send_all(frame)
+            with trio.move_on_at(call.deadline) as scope:  # a peer that stopped reading
+                await self.client.stream.send_all(frame)
+            if scope.cancelled_caught:
+                self.lose("could not send within the call's deadline")
         except _IO_ERRORS as exc:
             self.lose(str(exc) or type(exc).__name__)
 
