@@ -204,6 +204,7 @@ async def test_a_request_in_an_envelope_is_not_forwarded_again(mink_postgres, mo
         assert answer.error_code == ErrorCode.none
         _, response = decode_response(ApiKey.PRODUCE, VERSION, answer.response_data)
         assert answered(response) == [("fwd-once", remote, NOT_LEADER, -1)]
+        assert response.responses[0].partition_responses[0].current_leader.leader_id == 2
         assert envelopes == [1]  # the one sent here, none onwards
         # and a plain Produce to node 1 is forwarded: node 2 receives one Envelope
         async with await KafkaClient.connect(address(cluster.node(1))) as client:
@@ -243,6 +244,35 @@ async def test_a_restarted_leader_is_reached_again(mink_postgres):
                   if m.partition == remote]
         assert values[:3] == [b"before-0", b"before-1", b"before-2"]
         assert values[-3:] == [b"after-0", b"after-1", b"after-2"]
+
+
+async def test_a_dead_leader_is_waited_for_within_the_timeout(mink_postgres):
+    """Node 2 killed: a Produce for its partition through node 1 is answered within its
+    timeout_ms (and a margin) with NOT_LEADER_OR_FOLLOWER, never left hanging; once the
+    partition moved to node 1, the client's retry is written there."""
+    from mink.testing import open_cluster
+
+    async with open_cluster(2, mink_postgres, proxy=False) as cluster:
+        await cluster.create_topic("fwd-dead", partitions=2)
+        remote = led_by(cluster, "fwd-dead")[2][0]
+        await cluster.kill(2)
+        async with await KafkaClient.connect(address(cluster.node(1))) as client:
+            started = trio.current_time()
+            response = await client.call(ApiKey.PRODUCE, VERSION, produce_body(
+                [("fwd-dead", [(remote, batch("dead"))])], timeout_s=1.5))
+            took = trio.current_time() - started
+            assert answered(response)[0][2] == NOT_LEADER, answered(response)
+            assert took < 1.5 + 2.5, took
+            with trio.fail_after(30):
+                while True:
+                    response = await client.call(ApiKey.PRODUCE, VERSION, produce_body(
+                        [("fwd-dead", [(remote, batch("moved"))])], timeout_s=1.5))
+                    if answered(response)[0][2] == 0:
+                        break
+                    assert answered(response)[0][2] == NOT_LEADER, answered(response)
+        values = [m.value for m in await cluster.read_topic("fwd-dead")
+                  if m.partition == remote]
+        assert values == [b"moved-0", b"moved-1", b"moved-2"]
 
 
 # -- ACLs: checked on the leader as the original principal -----------------------------------
