@@ -275,6 +275,65 @@ async def test_a_dead_leader_is_waited_for_within_the_timeout(mink_postgres):
         assert values == [b"moved-0", b"moved-1", b"moved-2"]
 
 
+async def test_transactional_and_idempotent_checks_happen_on_the_leader(mink_postgres):
+    """A transactional producer's batches sent to the non-leader: refused by the leader
+    (INVALID_TXN_STATE) before the partition is added to the transaction (KIP-890), then
+    written; a retried batch answers its first offset, a sequence gap
+    OUT_OF_ORDER_SEQUENCE_NUMBER; the commit makes it readable."""
+    from kio.schema.find_coordinator.v3 import FindCoordinatorRequest
+
+    from mink.protocol.records import build_batch
+    from mink.testing import open_cluster
+    from tests.test_transactions import _txn_requests
+
+    init, add, end, _ = _txn_requests()
+    async with open_cluster(2, mink_postgres, proxy=False) as cluster:
+        await cluster.create_topic("fwd-txn", partitions=2)
+        remote = led_by(cluster, "fwd-txn")[2][0]
+        with trio.fail_after(30):
+            while True:
+                async with await KafkaClient.connect(address(cluster.node(1))) as client:
+                    found = await client.call(ApiKey.FIND_COORDINATOR, 3,
+                                              FindCoordinatorRequest(key="fwd-t", key_type=1))
+                    if found.error_code == ErrorCode.none:
+                        coordinator = f"{found.host}:{found.port}"
+                        async with await KafkaClient.connect(coordinator) as txn:
+                            answer = await txn.call(22, 4, init("fwd-t"))
+                        if answer.error_code == ErrorCode.none:
+                            break
+                await trio.sleep(0.1)
+        pid, epoch = answer.producer_id, answer.producer_epoch
+
+        def body(seq: int, value: bytes):
+            records = build_batch([Record(0, 0, None, value)], producer_id=pid,
+                                  producer_epoch=epoch, base_sequence=seq,
+                                  is_transactional=True)
+            return produce_body([("fwd-txn", [(remote, records)])], transactional_id="fwd-t")
+
+        async with await KafkaClient.connect(address(cluster.node(1))) as client, \
+                await KafkaClient.connect(coordinator) as txn:
+            got = answered(await client.call(ApiKey.PRODUCE, VERSION, body(0, b"unlisted")))
+            assert got[0][2] == int(ErrorCode.invalid_txn_state), got
+            added = await txn.call(24, 3, add("fwd-t", pid, epoch, "fwd-txn", [remote]))
+            assert added.results_by_topic_v3_and_below[0].results_by_partition[0] \
+                .partition_error_code == ErrorCode.none
+            assert answered(await client.call(ApiKey.PRODUCE, VERSION, body(0, b"t0"))) == [
+                ("fwd-txn", remote, 0, 0)]
+            assert answered(await client.call(ApiKey.PRODUCE, VERSION, body(0, b"t0"))) == [
+                ("fwd-txn", remote, 0, 0)]  # a retry: its first offset, not written twice
+            got = answered(await client.call(ApiKey.PRODUCE, VERSION, body(5, b"gap")))
+            assert got[0][2] == int(ErrorCode.out_of_order_sequence_number), got
+            assert (await txn.call(26, 3, end("fwd-t", pid, epoch, True))).error_code == 0
+        with trio.fail_after(15):
+            while True:
+                values = [m.value for m in await cluster.read_topic("fwd-txn")
+                          if m.partition == remote]
+                if values:
+                    break
+                await trio.sleep(0.05)
+        assert values == [b"t0"]
+
+
 # -- ACLs: checked on the leader as the original principal -----------------------------------
 
 USERS = {"broker": "broker-pw", "alice": "alice-pw", "bob": "bob-pw"}
