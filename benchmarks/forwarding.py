@@ -2,6 +2,7 @@
 the other node (which forwards it to the leader in an Envelope), in the same run.
 
     python -m benchmarks.forwarding [--requests 400] [--window 5] [--records 10] [--rounds 2]
+                                    [--wal-max-delay-ms MS]
 
 Two in-process nodes (`mink.testing.open_cluster`, their own PostgreSQL, a `file://` store)
 and a topic of two partitions; the partition node 2 leads gets the load. Each round runs,
@@ -101,7 +102,9 @@ async def one_at_a_time(address: str, partition: int, args) -> dict:
 
 async def run(args) -> dict:
     rows = []
-    async with open_cluster(2, proxy=False) as cluster:
+    settings = {} if args.wal_max_delay_ms is None else {
+        "wal_max_delay_ms": args.wal_max_delay_ms}
+    async with open_cluster(2, proxy=False, **settings) as cluster:
         await cluster.create_topic(TOPIC, partitions=2)
         partition = next(p for p, leader in cluster.leaders(TOPIC).items() if leader == 2)
         routes = {}
@@ -126,7 +129,7 @@ async def run(args) -> dict:
             "p99_ms": statistics.median(r["p99_ms"] for r in mine),
             "errors": sum(r["errors"] for r in mine)}
     return {"requests": args.requests, "window": args.window, "records": args.records,
-            "rounds": args.rounds, "rows": rows, "summary": summary}
+            "rounds": args.rounds, "wal_max_delay_ms": args.wal_max_delay_ms, "rows": rows, "summary": summary}
 
 
 def write(result: dict) -> Path:
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--wal-max-delay-ms", type=float, default=None,
+                        help="the nodes' wal_max_delay_ms (default: the store's, 0 on file://)")
     args = parser.parse_args(argv)
     result = trio.run(run, args)
     print(json.dumps(result["summary"], indent=2))
