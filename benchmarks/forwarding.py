@@ -124,9 +124,9 @@ async def run(args) -> dict:
     for route in ("leader", "forwarded"):
         mine = [r for r in rows if r["route"] == route]
         summary[route] = {
-            "records_per_s": statistics.median(r["records_per_s"] for r in mine),
-            "p50_ms": statistics.median(r["p50_ms"] for r in mine),
-            "p99_ms": statistics.median(r["p99_ms"] for r in mine),
+            "records_per_s": round(statistics.median(r["records_per_s"] for r in mine)),
+            "p50_ms": round(statistics.median(r["p50_ms"] for r in mine), 2),
+            "p99_ms": round(statistics.median(r["p99_ms"] for r in mine), 2),
             "errors": sum(r["errors"] for r in mine)}
     return {"requests": args.requests, "window": args.window, "records": args.records,
             "rounds": args.rounds, "wal_max_delay_ms": args.wal_max_delay_ms, "rows": rows, "summary": summary}
