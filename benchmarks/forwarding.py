@@ -129,7 +129,8 @@ async def run(args) -> dict:
             "p99_ms": round(statistics.median(r["p99_ms"] for r in mine), 2),
             "errors": sum(r["errors"] for r in mine)}
     return {"requests": args.requests, "window": args.window, "records": args.records,
-            "rounds": args.rounds, "wal_max_delay_ms": args.wal_max_delay_ms, "rows": rows, "summary": summary}
+            "rounds": args.rounds, "wal_max_delay_ms": args.wal_max_delay_ms, "rows": rows,
+            "summary": summary}
 
 
 def write(result: dict) -> Path:
