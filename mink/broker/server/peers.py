@@ -273,10 +273,11 @@ class _Peer:
             except (*_IO_ERRORS, trio.TooSlowError) as exc:
                 reason = f"cannot reach node {self.target} at {address}: " \
                          f"{exc or type(exc).__name__}"
-                if trio.current_time() + backoff >= deadline:
+                remaining = deadline - trio.current_time()
+                if remaining <= 0:
                     raise _Unreachable(reason) from None
                 log.debug("%s; trying again", reason)
-                await trio.sleep(backoff)
+                await trio.sleep(min(backoff, remaining))
                 backoff = min(backoff * 2, MAX_BACKOFF)
         renew_at = None
         if client.session_lifetime_ms > 0:
