@@ -171,6 +171,11 @@ def _check_handshake(address: str, response: Any) -> None:
                                f"(offers {', '.join(response.mechanisms)})")
 
 
+def _lifetime_ms(answer: Any) -> int:
+    lifetime = getattr(answer, "session_lifetime", None)
+    return int(lifetime.total_seconds() * 1000) if lifetime else 0
+
+
 def _api_versions_request() -> Any:
     return build(load_request_schema(ApiKey.API_VERSIONS, 0))
 
@@ -182,6 +187,9 @@ class KafkaClient:
     def __init__(self, stream: trio.SocketStream, address: str, client_id: str) -> None:
         self.stream = stream
         self.exchange = _Exchange(address, client_id)
+        # KIP-368: the SASL session's lifetime the broker told (SaslAuthenticate v1), 0 when
+        # it does not end; a long-lived connection reconnects before it ends.
+        self.session_lifetime_ms = 0
 
     @classmethod
     async def connect(cls, address: str, *, client_id: str = "mink",
@@ -211,8 +219,10 @@ class KafkaClient:
                     ApiKey.SASL_HANDSHAKE, 1, _handshake_body(dialog.mechanism)))
                 token: bytes | None = dialog.first()
                 while token is not None:
-                    token = dialog.next(await client.call(
-                        ApiKey.SASL_AUTHENTICATE, 1, _authenticate_body(token)))
+                    answer = await client.call(ApiKey.SASL_AUTHENTICATE, 1,
+                                               _authenticate_body(token))
+                    token = dialog.next(answer)
+                    client.session_lifetime_ms = _lifetime_ms(answer)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise

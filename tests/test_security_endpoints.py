@@ -79,7 +79,8 @@ async def test_the_old_forwarding_marker_gains_nothing_on_any_listener(mink_post
 
 async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):
     """A Produce to a node that does not lead the partition answers NOT_LEADER_OR_FOLLOWER
-    with the leader's endpoint (KIP-951) on the listener the request came in on."""
+    with the leader's endpoint (KIP-951) on the listener the request came in on (produce
+    forwarding off, else it would be forwarded)."""
     from kio.schema.errors import ErrorCode
 
     from mink.testing import open_cluster
@@ -88,7 +89,8 @@ async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):
 
     async with open_cluster(2, mink_postgres, proxy=False,
                             listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-                            offsets_topic_num_partitions=1) as cluster:
+                            offsets_topic_num_partitions=1,
+                            produce_forwarding=False) as cluster:
         where = {n.node_id: endpoints(n) for n in cluster.nodes}
         await trio.to_thread.run_sync(create_users, where[1]["PLAINTEXT"], {"u": "p"})
         await cluster.create_topic("t951", 2)

@@ -128,6 +128,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # acknowledged. False checks the header and CRC only: for benchmarks that measure the cost,
     # never for a node serving clients (a corrupt batch would stall its consumers).
     produce_validate_records: bool = True
+    # Forward the partitions of a Produce that another node leads to that leader (inside an
+    # Envelope, as the client's principal) instead of answering NOT_LEADER_OR_FOLLOWER.
+    produce_forwarding: bool = True
     # Group coordination: offsets.topic.num.partitions, group.initial.rebalance.delay.ms,
     # group.min.session.timeout.ms, group.max.session.timeout.ms.
     offsets_topic_num_partitions: int = 50

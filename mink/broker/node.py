@@ -35,6 +35,7 @@ from mink.broker.quotas.manager import QuotaManager
 from mink.broker.security.authorizer import Authorizer
 from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
+from mink.broker.server.peers import PeerPool
 from mink.broker.security.listeners import advertise
 from mink.broker.security.ssl_principal import PrincipalMapper
 from mink.broker.security.tls import inter_broker_security, server_context
@@ -101,6 +102,7 @@ class Node:
         self.shutdown_requested = trio.Event()  # set by `mink serve` at the first signal
         self.handed_over = trio.Event()  # set once the controlled shutdown is over
         self.nursery: trio.Nursery | None = None  # the one nursery, set by _serve
+        self.peers = PeerPool(self)  # connections to the other nodes (produce forwarding)
 
     @property
     def draining(self) -> bool:
@@ -163,6 +165,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
     bind_node(node)  # every log line of this node's tasks names it (mink/broker/logs.py)
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
+        await nursery.start(node.peers.run)
         bound = {}
         for lst in listeners:
             bound[lst.name] = await nursery.start(

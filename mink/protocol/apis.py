@@ -155,6 +155,7 @@ PRIVILEGED: dict[int, tuple[int, int]] = {ApiKey.ENVELOPE: (0, 0)}
 # (Kafka's `forwardable` flag). Never Envelope itself: an Envelope inside an Envelope is
 # refused.
 FORWARDABLE: frozenset[int] = frozenset({
+    ApiKey.PRODUCE,  # partitions of a Produce another node leads (produce forwarding)
     ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS,
     ApiKey.ELECT_LEADERS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
 })

@@ -105,6 +105,12 @@ class NullMetrics:
     def authentication(self, listener: str, mechanism: str, result: str) -> None:
         pass
 
+    def produce_forwarded(self, target: int, partitions: int) -> None:
+        pass
+
+    def produce_forward_error(self, target: int, error: str) -> None:
+        pass
+
     def observe_object_store(self, store):
         return store
 
@@ -212,6 +218,21 @@ class NodeMetrics:
             "Authentications per listener, mechanism (PLAIN, SCRAM-SHA-*, SSL for a client "
             "certificate or a failed TLS handshake) and result (success, failure, "
             "reauthentication).", ["listener", "mechanism", "result"], registry=registry)
+        # Produce forwarding (mink/broker/server/produce_forwarding.py), by target node.
+        self._forwarded = Counter(
+            "mink_produce_forwarded_requests",
+            "Produce parts forwarded to another node (one per target and request).",
+            ["target"], registry=registry)
+        self._forwarded_partitions = Counter(
+            "mink_produce_forwarded_partitions",
+            "Partitions of Produce requests forwarded to another node.", ["target"],
+            registry=registry)
+        self._forward_errors = Counter(
+            "mink_produce_forward_errors",
+            "Forwarded partitions answered with an error (the leader's, or NOT_LEADER_OR_"
+            "FOLLOWER when nothing was sent, REQUEST_TIMED_OUT when the outcome is unknown).",
+            ["target", "error"], registry=registry)
+        self._forward_children: dict[int, tuple[object, object]] = {}
         self.storage = _StorageMeters(registry)
         self.lag = ConsumerLag(node)
         registry.register(_NodeStateCollector(self))
@@ -258,6 +279,18 @@ class NodeMetrics:
 
     def authentication(self, listener: str, mechanism: str, result: str) -> None:
         self._authentications.labels(listener, mechanism, result).inc()  # rare: no cache
+
+    def produce_forwarded(self, target: int, partitions: int) -> None:
+        children = self._forward_children.get(target)
+        if children is None:
+            children = self._forward_children[target] = (
+                self._forwarded.labels(str(target)),
+                self._forwarded_partitions.labels(str(target)))
+        children[0].inc()
+        children[1].inc(partitions)
+
+    def produce_forward_error(self, target: int, error: str) -> None:
+        self._forward_errors.labels(str(target), error).inc()
 
     def observe_object_store(self, store):
         return InstrumentedObjectStore(store, self._object_store_request)

@@ -165,6 +165,9 @@ class Connection:
         self._throttled_pending = 0
         self._muted_until = -math.inf
         self._unmuted = trio.Event()
+        # The last Produce of this connection with partitions forwarded to other nodes
+        # (produce_forwarding.Forwarded): the next one queues its parts after it.
+        self.last_forwarded: Any = None
         if peer is None:
             try:
                 host, port = stream.socket.getpeername()[:2]

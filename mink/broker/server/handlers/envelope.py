@@ -14,7 +14,9 @@ original client's, as Kafka's `handleEnvelope` and EnvelopeUtils do.
 - The request inside is then handled by its own handler as the original principal from
   the original host: the handler checks its ACLs as for any client. It is never forwarded
   again, and not charged to a quota (nor is the Envelope). Its response, header and body,
-  goes back in the EnvelopeResponse.
+  goes back in the EnvelopeResponse. A forwarded Produce with acks=0 has none: the
+  EnvelopeResponse carries no data and no error (INVALID_REQUEST when it was refused, where
+  a client's connection would have been closed).
 
 Any refusal is one log line and an EnvelopeResponse with the error; the connection (another
 node's) stays open.
@@ -30,7 +32,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.security.authorizer import CLUSTER_ACTION
 from mink.broker.security.principal import KafkaPrincipal
 from mink.broker.server.errors import CloseConnection
-from mink.protocol.apis import FORWARDABLE, advertised
+from mink.protocol.apis import FORWARDABLE, ApiKey, advertised
 from mink.protocol.envelope import MalformedEnvelope, address_text, deserialize_principal
 from mink.protocol.messages import MalformedRequest, decode_request, encode_response, peek_header
 
@@ -91,12 +93,18 @@ async def handle(node, ctx, request):
     try:
         body = await handler(node, inner_ctx, inner.body)
     except CloseConnection as exc:
-        log.warning("forwarded api %d from %s ended in a refusal: %s", api_key, ctx.peer, exc)
+        if api_key == ApiKey.PRODUCE:  # an acks=0 Produce refused: the forwarder closes
+            log.info("forwarded produce (acks=0) from %s refused: %s", ctx.peer, exc)
+        else:
+            log.warning("forwarded api %d from %s ended in a refusal: %s", api_key,
+                        ctx.peer, exc)
         return _refused(ErrorCode.invalid_request)
     except Exception:
         log.exception("forwarded api %d v%d from %s failed", api_key, api_version, ctx.peer)
         return _refused(ErrorCode.unknown_server_error)
     if body is None:
+        if api_key == ApiKey.PRODUCE:  # acks=0: no response, the batches were taken
+            return EnvelopeResponse(response_data=None, error_code=ErrorCode.none)
         return _refused(ErrorCode.unknown_server_error)
     response = encode_response(inner.header.correlation_id, body)
     return EnvelopeResponse(response_data=response[4:], error_code=ErrorCode.none)

@@ -1,5 +1,9 @@
 """Produce: validate each partition's batch, append it to the WAL in arrival order, and
-answer once it is in the object store and committed (acks=1 and acks=all alike)."""
+answer once it is in the object store and committed (acks=1 and acks=all alike).
+
+Partitions another node leads are forwarded to it (`produce_forwarding.py`) unless the
+request arrived in an Envelope or `produce_forwarding` is off; their answers are merged
+into this response in the request's order."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from kio.schema.errors import ErrorCode
 from mink.broker.security.authorizer import WRITE
 from mink.broker.server.errors import CloseConnection, error_for
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
+from mink.broker.server.produce_forwarding import Forwarded, Remote
 from mink.broker.topics.config import is_compacted, topic_setting
 from mink.broker.transactions.verification import verify_transactional_batches
 from mink.protocol.messages import build, nested, response_schema
@@ -38,7 +43,7 @@ log = logging.getLogger(__name__)
 
 class _PartitionResult:
     __slots__ = ("index", "error", "pending", "base_offset", "log_append_time",
-                 "log_start_offset", "leader", "message", "record_errors")
+                 "log_start_offset", "leader", "message", "record_errors", "forwarded")
 
     def __init__(self, index: int):
         self.index = index
@@ -50,6 +55,7 @@ class _PartitionResult:
         self.leader = None
         self.message = None
         self.record_errors = ()
+        self.forwarded = False  # sent to its leader: answered by it (produce_forwarding)
 
 
 async def handle(node, ctx, request):
@@ -92,20 +98,31 @@ async def handle(node, ctx, request):
     unverified = await verify_transactional_batches(node, request)
     # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
     transactional = request.transactional_id is not None
+    # partitions another node leads, to forward (never for a request already forwarded)
+    remote = [] if node.config.produce_forwarding and ctx.envelope is None else None
     results = {t.name: [_refused(p.index, ErrorCode.topic_authorization_failed)
                         if t.name in denied else
                         _refused(p.index, *unverified[t.name, p.index])
                         if (t.name, p.index) in unverified else
-                        _append(node, t.name, p, version, transactional)
+                        _append(node, t.name, p, version, transactional, remote, position)
                         for p in t.partition_data]
-               for t in request.topic_data}
+               for position, t in enumerate(request.topic_data)}
+    forwarded = None
+    if remote:  # queued for their leaders in arrival order, before the next request starts
+        forwarded = Forwarded(node, ctx, request, remote)
+        forwarded.try_dispatch()  # else after ctx.applied(), the next requests behind it
     ctx.applied()
     _log_too_large(ctx, results)
 
     if request.acks == 0:
-        if any(r.error for rs in results.values() for r in rs):
+        if any(r.error and not r.forwarded for rs in results.values() for r in rs):
             raise CloseConnection("acks=0 produce failed; the client must refresh metadata")
+        if forwarded is not None and not await forwarded.settle():
+            raise CloseConnection("acks=0 produce forwarded and refused; the client must "
+                                  "refresh metadata")
         return None
+    if forwarded is not None and not forwarded.queued.is_set():
+        await forwarded.dispatch_late()  # before waiting for the local partitions
     for partition_results in results.values():
         for result in partition_results:
             if result.pending is not None:
@@ -118,6 +135,8 @@ async def handle(node, ctx, request):
                 except LogError as exc:
                     result.error = error_for(exc)
                     result.message = str(exc)
+    if forwarded is not None:
+        await forwarded.settle()
     _remember_not_written(node, request, results)
     return _response(node, version, results, ctx.listener_name)
 
@@ -168,8 +187,8 @@ def _refused(index: int, error: ErrorCode, message: str | None = None) -> _Parti
     return result
 
 
-def _append(node, name: str, data, version: int,
-            transactional: bool = False) -> _PartitionResult:
+def _append(node, name: str, data, version: int, transactional: bool = False,
+            remote: list | None = None, position: int = 0) -> _PartitionResult:
     topic = node.view.topics.get(name)
     if topic is None or not 0 <= data.index < len(topic.partitions):
         return _refused(data.index, ErrorCode.unknown_topic_or_partition)
@@ -180,6 +199,9 @@ def _append(node, name: str, data, version: int,
     if partition_log is None:
         result = _refused(data.index, ErrorCode.not_leader_or_follower)
         result.leader = topic.partitions[data.index]
+        if remote is not None and topic.partitions[data.index].leader != node.node_id:
+            result.forwarded = True  # its leader answers (produce_forwarding)
+            remote.append(Remote(position, name, data, result))
         return result
     if not data.records:
         return _refused(data.index, ErrorCode.invalid_record, "no record batch")
