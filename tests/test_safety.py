@@ -80,7 +80,7 @@ async def test_a_coordinator_deposed_while_its_tick_awaits_moves_nothing(pg_url,
     try:
         e1 = await store.register_node(1, "127.0.0.1", 9001, ttl_s=30)
         e2 = await store.register_node(2, "127.0.0.1", 9002, ttl_s=30)
-        node = SimpleNamespace(metadata=store, objects=None, node_id=1,
+        node = SimpleNamespace(metadata=store, objects=None, node_id=1, draining=False,
                                membership=SimpleNamespace(node_epoch=e1, leading=True),
                                sync=_Sync(),
                                config=SimpleNamespace(lease_ttl=30.0, coordinator_tick=0.5))
