@@ -122,6 +122,15 @@ class NodeProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
 
+    def pause(self) -> None:
+        """SIGSTOP: the node holds still (its sockets open, its transactions where they are)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> int | None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
