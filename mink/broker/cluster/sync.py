@@ -98,6 +98,9 @@ class PartitionSync:
         # Brokers go on being listed in Metadata this long after they were last seen live.
         self.listing_grace = max(30.0, 2 * node.config.lease_ttl)
         self._last_live: dict[int, tuple[BrokerInfo, float]] = {}
+        # Set (and replaced) when the view moved or partitions opened: what a request
+        # waiting for a partition still opening here waits on (`wait_for_change`).
+        self._changed = trio.Event()
 
     async def run(self) -> None:
         """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop
@@ -130,8 +133,17 @@ class PartitionSync:
         await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
         await node.authorizer.refresh(node.view.version)  # ACLs, likewise
         await self.sync_partitions()
+        self._announce_change()
         node.coordinator.on_view(node.view)  # a node draining: the holder ticks at once
         node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
+
+    async def wait_for_change(self) -> None:
+        """Until the view moves or this node opens partitions (callers bound the wait)."""
+        await self._changed.wait()
+
+    def _announce_change(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
 
     def _with_listed_brokers(self, view: ClusterView) -> ClusterView:
         now = trio.current_time()
@@ -254,7 +266,9 @@ class PartitionSync:
                     expected_leader_epoch=leader_epoch)
             if not self._still(streams):
                 return None  # this node stopped leading meanwhile
-            return await streams.open(topic.topic_id, p.index, leader_epoch)
+            opened = await streams.open(topic.topic_id, p.index, leader_epoch)
+            self._announce_change()  # a Produce waiting for it goes on (handlers/produce.py)
+            return opened
         except md.NodeAlive:
             return None
         except (md.LeaderMoved, StaleEpoch, md.UnknownTopic) as exc:

@@ -168,6 +168,9 @@ class Connection:
         # The last Produce of this connection with partitions forwarded to other nodes
         # (produce_forwarding.Forwarded): the next one queues its parts after it.
         self.last_forwarded: Any = None
+        # Partitions whose appends here, by an earlier Produce, may still fail as moved and
+        # be forwarded: a later Produce's parts for them are queued after that (set events).
+        self.appending: dict[tuple[str, int], trio.Event] = {}
         if peer is None:
             try:
                 host, port = stream.socket.getpeername()[:2]

@@ -81,7 +81,7 @@ class Forwarded:
     """The remote partitions of one Produce: queued for their leaders (`dispatch`), then
     their answers written into their results (`settle`)."""
 
-    def __init__(self, node, ctx, request, remote: list[Remote]) -> None:
+    def __init__(self, node, ctx, request, remote: list[Remote], moved: bool = False) -> None:
         self.node = node
         self.ctx = ctx
         self.request = request
@@ -93,9 +93,14 @@ class Forwarded:
         self.calls: list[tuple[int, list[Remote], PeerCall]] = []
         self.unrouted: list[Remote] = []  # no leader to send to: answered NOT_LEADER
         self.queued = trio.Event()  # every part is queued (or refused): the next may go
+        # Parts refused here as moved after they were applied (`forward_moved`): not chained
+        # behind the connection's later requests (those wait for them, `_behind`), and sent
+        # once the view names their new leader.
+        self.moved = moved
         connection = ctx.connection
-        self.previous: Forwarded | None = connection.last_forwarded
-        connection.last_forwarded = self
+        self.previous: Forwarded | None = None if moved else connection.last_forwarded
+        if not moved:
+            connection.last_forwarded = self
 
     # -- dispatch: before ctx.applied() when nothing has to wait -----------------------------
 
@@ -103,7 +108,7 @@ class Forwarded:
         """Queue every part now if nothing has to wait (the previous request of the
         connection is queued, every leader known); False when `dispatch_late` must."""
         previous = self.previous
-        if previous is not None and not previous.queued.is_set():
+        if previous is not None and not previous.queued.is_set() or self._behind():
             return False
         routes = self._routes()
         if routes is None:
@@ -119,6 +124,8 @@ class Forwarded:
             with trio.move_on_at(self.send_deadline):
                 if self.previous is not None:
                     await self.previous.queued.wait()
+                for appended in self._behind():
+                    await appended.wait()
                 while (routes := self._routes()) is None:
                     await trio.sleep(LEADER_POLL)
             if routes is None:
@@ -127,6 +134,14 @@ class Forwarded:
         finally:
             self.previous = None
             self.queued.set()
+
+    def _behind(self) -> list[trio.Event]:
+        """The earlier requests of the connection whose appends here to partitions of this
+        one are not settled: their parts refused as moved go to the new leader first."""
+        appending = self.ctx.connection.appending
+        return [event for item in self.remote
+                if (event := appending.get((item.name, item.data.index))) is not None
+                and not event.is_set()]
 
     def _routes(self, final: bool = False) -> dict[int, list[Remote]] | None:
         """The parts by target; None while a leader is not known or not live (unless
@@ -140,6 +155,8 @@ class Forwarded:
             leader = None
             if topic is not None and 0 <= item.data.index < len(topic.partitions):
                 leader = topic.partitions[item.data.index].leader
+            if leader == node.node_id and self.moved and not final:
+                return None  # refused by a move this node's view does not show yet
             if leader == node.node_id or topic is None:
                 unrouted.append(item)  # opening here (or gone): NOT_LEADER_OR_FOLLOWER now
             elif leader is None or leader not in view.brokers:

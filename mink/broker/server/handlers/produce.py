@@ -35,15 +35,18 @@ from mink.protocol.records import (
     parse_batch_header,
 )
 from mink.protocol.topics import INTERNAL_TOPICS
-from mink.storage.log import DuplicateBatch, LogError
+from mink.storage.log import DuplicateBatch, LogError, NotLeader
 from mink.storage.producer_state import ProducerAppend
+
+OPENING_WAIT = 5.0  # seconds, at most, a Produce waits for a partition moving here
 
 log = logging.getLogger(__name__)
 
 
 class _PartitionResult:
     __slots__ = ("index", "error", "pending", "base_offset", "log_append_time",
-                 "log_start_offset", "leader", "message", "record_errors", "forwarded")
+                 "log_start_offset", "leader", "message", "record_errors", "forwarded",
+                 "moved")
 
     def __init__(self, index: int):
         self.index = index
@@ -56,6 +59,7 @@ class _PartitionResult:
         self.message = None
         self.record_errors = ()
         self.forwarded = False  # sent to its leader: answered by it (produce_forwarding)
+        self.moved = False  # appended here, then refused as the partition moved: not written
 
 
 async def handle(node, ctx, request):
@@ -94,6 +98,8 @@ async def handle(node, ctx, request):
         return refuse_all(ErrorCode.request_timed_out, "the WAL stayed full")
     except LogError as exc:
         return refuse_all(error_for(exc), str(exc))
+    if node.config.produce_forwarding:
+        await _wait_for_opening(node, ctx, request, denied, deadline)
     # KIP-890: transactional batches starting a transaction here are checked first.
     unverified = await verify_transactional_batches(node, request)
     # From here to ctx.applied() nothing awaits: offsets follow the arrival order.
@@ -111,6 +117,9 @@ async def handle(node, ctx, request):
     if remote:  # queued for their leaders in arrival order, before the next request starts
         forwarded = Forwarded(node, ctx, request, remote)
         forwarded.try_dispatch()  # else after ctx.applied(), the next requests behind it
+    appended = None
+    if remote is not None and request.acks != 0:
+        appended = _appending(ctx, results)
     ctx.applied()
     _log_too_large(ctx, results)
 
@@ -135,10 +144,77 @@ async def handle(node, ctx, request):
                 except LogError as exc:
                     result.error = error_for(exc)
                     result.message = str(exc)
+                    result.moved = isinstance(exc, NotLeader)
+    if appended is not None:
+        await _forward_moved(node, ctx, request, results, appended)
     if forwarded is not None:
         await forwarded.settle()
     _remember_not_written(node, request, results)
     return _response(node, version, results, ctx.listener_name)
+
+
+async def _wait_for_opening(node, ctx, request, denied: set, deadline: float) -> None:
+    """Partitions moving here are waited for, bounded by the request's timeout (and
+    OPENING_WAIT), rather than answered NOT_LEADER_OR_FOLLOWER: with forwarding a client is
+    never told to look elsewhere while a partition moves (issue 25). Waited for: a partition
+    the view says this node leads that is still opening, and a part forwarded here that this
+    node does not lead yet (the forwarder saw the move first). Nothing else is waited for:
+    another node's partitions are forwarded, and Kafka's answers stand without forwarding."""
+    def opening() -> bool:
+        view = node.view
+        for t in request.topic_data:
+            topic = view.topics.get(t.name)
+            if topic is None or t.name in denied:
+                continue
+            for p in t.partition_data:
+                if not 0 <= p.index < len(topic.partitions) or node.leader_log(
+                        topic, p.index) is not None:
+                    continue
+                if ctx.envelope is not None or topic.partitions[p.index].leader == node.node_id:
+                    return True
+        return False
+
+    with trio.move_on_at(min(deadline, trio.current_time() + OPENING_WAIT)):
+        while opening():
+            await node.sync.wait_for_change()
+
+
+def _appending(ctx, results: dict[str, list[_PartitionResult]]) -> trio.Event | None:
+    """Mark the partitions this request appended to here on its connection: a later
+    request's parts for them, forwarded if they move, wait for this one (`_forward_moved`)."""
+    appending = ctx.connection.appending
+    done = None
+    for name, partition_results in results.items():
+        for result in partition_results:
+            if result.pending is not None and not isinstance(result.pending, DuplicateBatch):
+                if done is None:
+                    done = trio.Event()
+                appending[name, result.index] = done
+    return done
+
+
+async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionResult]],
+                         appended: trio.Event) -> None:
+    """Appends refused because their partition moved away meanwhile (not written:
+    NotLeader) are forwarded to the new leader, before the connection's later requests'
+    parts for those partitions, instead of answering NOT_LEADER_OR_FOLLOWER."""
+    try:
+        moved = [Remote(position, t.name, data, result)
+                 for position, t in enumerate(request.topic_data)
+                 for data, result in zip(t.partition_data, results.get(t.name, ()),
+                                         strict=False) if result.moved]
+        if not moved:
+            return
+        again = Forwarded(node, ctx, request, moved, moved=True)
+        for item in moved:
+            item.result.forwarded = True
+        await again.dispatch_late()
+    finally:
+        appended.set()
+        appending = ctx.connection.appending
+        for key in [k for k, event in appending.items() if event is appended]:
+            del appending[key]
+    await again.settle()
 
 
 # Errors that say "not written, retry": what a batch pipelined behind one is told too.
