@@ -18,9 +18,10 @@ response, in the request's order (`handlers/produce.py` builds it).
 - A partition whose leader is not known or not live is waited for (the view polled), up to
   the request's `timeout_ms` (at least 1 s, at most 2 min): then, as a leader that could not
   be reached, it answers NOT_LEADER_OR_FOLLOWER with the current leader hint (KIP-951) and
-  the client refreshes its metadata and retries. A partition whose leader in the view is
-  this node while it is still opening answers NOT_LEADER_OR_FOLLOWER at once, as without
-  forwarding.
+  the client refreshes its metadata and retries. A partition moving here (still opening,
+  or forwarded here before this node's view shows the move) is waited for by the handler,
+  and an append refused here because its partition moved is forwarded to the new leader
+  (`moved`, handlers/produce.py): no NOT_LEADER_OR_FOLLOWER while partitions move.
 - Outcomes: the leader's answer per partition as it gave it (error, base offset, log append
   time, log start, record errors, message). Nothing sent: NOT_LEADER_OR_FOLLOWER. Sent and
   not answered in time, or the connection lost with it in flight: REQUEST_TIMED_OUT, as
