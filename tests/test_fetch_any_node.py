@@ -212,6 +212,52 @@ async def test_after_leadership_moves_the_old_leader_keeps_serving_reads(mink_po
             assert seen(fenced)[0] == int(ErrorCode.fenced_leader_epoch)
 
 
+def list_offsets_body(topic: str, timestamp: int, isolation_level: int = 0):
+    schema = load_request_schema(ApiKey.LIST_OFFSETS, 7)
+    return build(schema, replica_id=-1, isolation_level=isolation_level, topics=(
+        nested(schema, "ListOffsetsTopic")(name=topic, partitions=(
+            nested(schema, "ListOffsetsPartition")(partition_index=0, current_leader_epoch=-1,
+                                                   timestamp=timestamp),)),))
+
+
+def epoch_end_body(topic: str, epoch: int):
+    schema = load_request_schema(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4)
+    return build(schema, replica_id=-1, topics=(nested(schema, "OffsetForLeaderTopic")(
+        topic=topic, partitions=(nested(schema, "OffsetForLeaderPartition")(
+            partition=0, current_leader_epoch=-1, leader_epoch=epoch),)),))
+
+
+async def test_list_offsets_and_epoch_ends_on_a_non_leader_are_the_leaders(mink_postgres):
+    """ListOffsets (earliest, latest, a timestamp, max timestamp) and OffsetForLeaderEpoch
+    sent by a consumer to the node that does not lead the partition answer what the leader
+    answers; read_committed's latest there is NOT_LEADER_OR_FOLLOWER (the LSO is the
+    leader's alone)."""
+    from mink.testing import open_cluster
+
+    async with open_cluster(2, mink_postgres, proxy=False) as cluster:
+        leader, other = await two_nodes_one_partition(cluster, "any-offsets")
+        async with await KafkaClient.connect(address(leader)) as to_leader, \
+                await KafkaClient.connect(address(other)) as to_other:
+            for r in range(3):
+                await produce(to_leader, "any-offsets", 0, f"r{r}", 4)
+            for timestamp in (-2, -1, 2, -3):
+                body = list_offsets_body("any-offsets", timestamp)
+                a, b = [(p.error_code, p.offset, p.timestamp, p.leader_epoch)
+                        for c in (to_leader, to_other)
+                        for p in (await c.call(ApiKey.LIST_OFFSETS, 7, body)).topics[0].partitions]
+                assert a == b and a[0] == 0, (timestamp, a, b)
+            committed = await to_other.call(ApiKey.LIST_OFFSETS, 7, list_offsets_body(
+                "any-offsets", -1, isolation_level=1))
+            assert committed.topics[0].partitions[0].error_code == (
+                ErrorCode.not_leader_or_follower)
+            epoch = leader.node.view.topics["any-offsets"].partitions[0].leader_epoch
+            a, b = [(p.error_code, p.leader_epoch, p.end_offset)
+                    for c in (to_leader, to_other)
+                    for p in (await c.call(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4, epoch_end_body(
+                        "any-offsets", epoch))).topics[0].partitions]
+            assert a == b == (0, epoch, 12), (a, b)
+
+
 def consume(bootstrap: str, topic: str, partitions: list[int], count: int, rack: str,
             timeout: float = 30.0) -> list[tuple[int, bytes]]:
     """Blocking: (partition, value) read by a confluent-kafka consumer in `rack`."""
