@@ -51,8 +51,9 @@ class ReplicaReads:
                         max_age: float | None = None) -> dict:
         """The views of these partitions, opened if new and with ends no older than
         `max_age` (one poll interval by default; one batched read for those that are
-        not). A partition PostgreSQL does not know, or a read that failed, gets no view
-        (the caller answers NOT_LEADER_OR_FOLLOWER)."""
+        not), except those Fetches wait on: the poller reads them every interval. A
+        partition PostgreSQL does not know, or a read that failed, gets no view (the caller
+        answers NOT_LEADER_OR_FOLLOWER)."""
         max_age = self.poll_interval if max_age is None else max_age
         streams = self.node.streams
         if streams is None:
@@ -65,7 +66,9 @@ class ReplicaReads:
                 view.close(_gone())  # a new node incarnation: new caches
                 del self.views[key]
                 view = None
-            if view is None or now - view.learned_at >= max_age:
+            if view is None or max_age == 0 or (
+                    # a view Fetches wait on is the poller's to refresh
+                    not view.waiters and now - view.learned_at >= max_age):
                 stale.append(key)
         if stale:
             try:
