@@ -16,6 +16,8 @@ from mink.client import KafkaClient
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build, nested
 from mink.protocol.records import Record
+from mink.storage.controlplane.postgres import READ
+from mink.storage.stream_object import is_stream_object
 from tests.support.batches import records_batch
 from tests.support.raw import produce_request, produce_result
 
@@ -108,6 +110,39 @@ async def test_a_non_leader_answers_the_leaders_bytes_and_ends_at_any_offset(min
                 "any-bytes", 0, 0, isolation_level=1)))[0] == 0
             assert other.node.replica_reads.fetches_served > 0
             assert leader.node.replica_reads.fetches_served == 0
+
+
+async def test_after_tiering_the_non_leader_answers_the_same_batches(mink_postgres):
+    """Many small WAL objects, then a tiering round rewrites them into stream objects: a
+    one-batch Fetch at each batch's offset answers the very bytes it answered before, on the
+    leader and on the other node (reading the stream objects through its view)."""
+    from mink.storage.lifecycle import tiering
+
+    from mink.testing import open_cluster
+
+    fast = dict(tiering_delay_ms=1000, tiering_stream_object_bytes=64 * 1024,
+                file_delete_delay_ms=200, coordinator_tick=0.5)
+    async with open_cluster(2, mink_postgres, proxy=False, **fast) as cluster:
+        leader, other = await two_nodes_one_partition(cluster, "any-tiered")
+        async with await KafkaClient.connect(address(leader)) as to_leader, \
+                await KafkaClient.connect(address(other)) as to_other:
+            bases = [await produce(to_leader, "any-tiered", 0, f"t{r}", 1 + r % 4)
+                     for r in range(30)]
+
+            async def one_batch_each(client) -> list[bytes]:
+                return [seen(await client.call(ApiKey.FETCH, VERSION, fetch_body(
+                    "any-tiered", 0, base, max_bytes=1)))[4] for base in bases]
+
+            before = await one_batch_each(to_other)
+            assert before == await one_batch_each(to_leader) and all(before)
+            with trio.fail_after(30):
+                while (await leader.call(tiering.backlog, leader.node.metadata))[0] > 0:
+                    await trio.sleep(0.1)
+            keys = [r[0] for r in await leader.call(
+                leader.node.metadata.fetch_all, READ, "SELECT object_key FROM batch_index")]
+            assert keys and all(is_stream_object(k) for k in keys)
+            assert await one_batch_each(to_other) == before
+            assert await one_batch_each(to_leader) == before
 
 
 async def test_a_long_poll_on_a_non_leader_returns_soon_after_a_commit(mink_postgres):
