@@ -247,6 +247,70 @@ async def test_after_leadership_moves_the_old_leader_keeps_serving_reads(mink_po
             assert seen(fenced)[0] == int(ErrorCode.fenced_leader_epoch)
 
 
+async def test_a_consumer_keeps_reading_while_leadership_moves(mink_postgres):
+    """A confluent-kafka consumer in rack b reads a partition led by node 1 (rack a),
+    fetching from node 2 (KIP-392); leadership moves to node 2, then back to node 1, with
+    records produced to the leader of the moment in between: it reads every record once, in
+    order."""
+    import threading
+
+    from mink.testing import open_cluster
+
+    async with open_cluster(2, mink_postgres, proxy=False,
+                            node_config={1: {"rack": "a"}, 2: {"rack": "b"}}) as cluster:
+        await cluster.create_topic("any-move", partitions=1)
+        if cluster.leaders("any-move")[0] != 1:
+            await cluster.move_leadership("any-move", 0, 1)
+        expected: list[bytes] = []
+
+        async def produce_round(tag: str) -> None:
+            leader = cluster.node(cluster.leaders("any-move")[0])
+            async with await KafkaClient.connect(address(leader)) as client:
+                for r in range(3):
+                    await produce(client, "any-move", 0, f"{tag}{r}", 4)
+                    expected.extend(f"{tag}{r}-{i}".encode() * (i + 1) for i in range(4))
+
+        got: list[bytes] = []
+        progress = threading.Condition()
+        stop = threading.Event()
+
+        def read() -> None:
+            from confluent_kafka import Consumer, TopicPartition
+
+            consumer = Consumer({"bootstrap.servers": cluster.node(1).bootstrap,
+                                 "group.id": "any-move", "enable.auto.commit": False,
+                                 "client.rack": "b", "isolation.level": "read_uncommitted",
+                                 "topic.metadata.refresh.interval.ms": 1000})
+            consumer.assign([TopicPartition("any-move", 0, 0)])
+            try:
+                while not stop.is_set():
+                    message = consumer.poll(0.2)
+                    if message is not None and not message.error():
+                        with progress:
+                            got.append(message.value())
+                            progress.notify_all()
+            finally:
+                consumer.close()
+
+        def wait_for(count: int) -> bool:
+            with progress:
+                return progress.wait_for(lambda: len(got) >= count, timeout=30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, read)
+            try:
+                for tag, move_to in (("one", 2), ("two", 1), ("three", None)):
+                    await produce_round(tag)
+                    assert await trio.to_thread.run_sync(wait_for, len(expected)), (
+                        len(got), len(expected))
+                    if move_to is not None:
+                        await cluster.move_leadership("any-move", 0, move_to)
+            finally:
+                stop.set()
+        assert got == expected
+        assert cluster.node(2).node.replica_reads.fetches_served > 0
+
+
 def list_offsets_body(topic: str, timestamp: int, isolation_level: int = 0):
     schema = load_request_schema(ApiKey.LIST_OFFSETS, 7)
     return build(schema, replica_id=-1, isolation_level=isolation_level, topics=(
