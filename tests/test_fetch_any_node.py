@@ -191,8 +191,11 @@ async def test_a_consumer_with_client_rack_reads_from_the_node_in_its_rack(mink_
     leads was served by node 2 (rack-local) after node 1 answered preferred_read_replica."""
     from mink.testing import open_cluster
 
-    async with open_cluster(2, mink_postgres, proxy=False,
-                            node_config={1: {"rack": "a"}, 2: {"rack": "b"}}) as cluster:
+    from mink.storage.embedded_postgres import free_port
+
+    async with open_cluster(2, mink_postgres, proxy=False, node_config={
+            1: {"rack": "a"},
+            2: {"rack": "b", "admin_listener": f"127.0.0.1:{free_port()}"}}) as cluster:
         await cluster.create_topic("any-rack", partitions=2)
         leaders = cluster.leaders("any-rack")
         assert sorted(leaders.values()) == [1, 2], leaders
@@ -217,6 +220,10 @@ async def test_a_consumer_with_client_rack_reads_from_the_node_in_its_rack(mink_
         assert set(got) == expected and len(got) == len(expected)
         assert cluster.node(2).node.replica_reads.fetches_served > served_before
         assert cluster.node(1).node.replica_reads.fetches_served == 0
+        exposition = cluster.node(2).node.metrics.exposition().decode()
+        served = float(cluster.node(2).node.replica_reads.fetches_served)
+        assert f"mink_replica_fetch_partitions_total {served}" in exposition
+        assert "mink_replica_views 1.0" in exposition
 
 
 async def test_after_leadership_moves_the_old_leader_keeps_serving_reads(mink_postgres):
