@@ -29,6 +29,8 @@ from mink.storage.replica import ReplicaView
 
 log = logging.getLogger(__name__)
 
+REFRESH_TIMEOUT = 1.0  # s: how long a Fetch waits for fresher ends of views it has
+
 
 class ReplicaReads:
     def __init__(self, node) -> None:
@@ -71,8 +73,12 @@ class ReplicaReads:
                     not view.waiters and now - view.learned_at >= max_age):
                 stale.append(key)
         if stale:
+            # Views it has are served with the ends they know if PostgreSQL is slow to
+            # answer: a Fetch waits no longer than REFRESH_TIMEOUT for fresher ones.
+            timeout = (REFRESH_TIMEOUT if all(k in self.views for k in stale)
+                       else self.node.config.commit_timeout)
             try:
-                await self._learn(stale, open_new=True)
+                await self._learn(stale, open_new=True, timeout=timeout)
             except (MetadataError, trio.TooSlowError) as exc:
                 log.debug("reading partition ends for replica views: %r", exc)
         found = {}
@@ -87,9 +93,10 @@ class ReplicaReads:
         """A Fetch registered a waiter on a view: the poller polls."""
         self._someone_waits.set()
 
-    async def _learn(self, keys: list, open_new: bool = False) -> None:
+    async def _learn(self, keys: list, open_new: bool = False,
+                     timeout: float | None = None) -> None:
         self.queries += 1
-        with trio.fail_after(self.node.config.commit_timeout):
+        with trio.fail_after(self.node.config.commit_timeout if timeout is None else timeout):
             ends = await partition_ends(self.node.metadata, keys)
         streams = self.node.streams
         now = trio.current_time()
