@@ -1,7 +1,7 @@
 """Produce forwarding's overhead: the same Produce load sent to a partition's leader and to
 the other node (which forwards it to the leader in an Envelope), in the same run.
 
-    python -m benchmarks.forwarding [--requests 400] [--window 5] [--records 10] [--rounds 2]
+    python -m benchmarks.forwarding [--requests 400] [--window 5] [--records 10] [--rounds 1]
                                     [--wal-max-delay-ms MS]
 
 Two in-process nodes (`mink.testing.open_cluster`, their own PostgreSQL, a `file://` store)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--records", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--wal-max-delay-ms", type=float, default=None,
                         help="the nodes' wal_max_delay_ms (default: the store's, 0 on file://)")
     parser.add_argument("--tail-samples", type=int, default=30)
