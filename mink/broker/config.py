@@ -21,6 +21,9 @@ from mink.broker.security.listeners import (
 )
 
 
+REPLICA_SELECTORS = ("rack", "leader")
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_id: int = 1
     listener: str = "127.0.0.1:9092"
@@ -131,6 +134,22 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Forward the partitions of a Produce that another node leads to that leader (inside an
     # Envelope, as the client's principal) instead of answering NOT_LEADER_OR_FOLLOWER.
     produce_forwarding: bool = True
+    # Fetch through any node (issue 25, mink/broker/server/replica_reads.py): a node serves
+    # consumers' read_uncommitted Fetches of partitions it does not lead from the index and
+    # the object store. replica_fetch_poll_ms: how often it reads the committed ends of the
+    # partitions long-polling Fetches wait on (one batched query per interval per node, only
+    # while some Fetch waits; the latency a commit takes to reach such a Fetch is at most
+    # this, plus the query). replica_view_idle_ms: a partition's view is dropped after this
+    # long without a Fetch.
+    replica_fetch_poll_ms: int = 100
+    replica_view_idle_ms: int = 60_000
+    # KIP-392 (Kafka's replica.selector.class): "rack" answers a consumer's Fetch that sends
+    # its client.rack with preferred_read_replica = a live node in that rack when the leader
+    # is not in it (Kafka's RackAwareReplicaSelector); "leader" never does (Kafka's default).
+    # On by default: every node holds every committed byte, so zone-local reads cost
+    # nothing in replication, and a node without a rack (or a client without one) is never
+    # redirected.
+    replica_selector: str = "rack"
     # Group coordination: offsets.topic.num.partitions, group.initial.rebalance.delay.ms,
     # group.min.session.timeout.ms, group.max.session.timeout.ms.
     offsets_topic_num_partitions: int = 50
@@ -295,6 +314,12 @@ def load_config(
         raise ConfigError(f"log_cleaner_dedupe_buffer_size must be at least "
                           f"{MIN_DEDUPE_BUFFER_SIZE} (1 MiB), not "
                           f"{config.log_cleaner_dedupe_buffer_size}")
+    if config.replica_selector not in REPLICA_SELECTORS:
+        raise ConfigError(f"replica_selector must be one of {', '.join(REPLICA_SELECTORS)}, "
+                          f"not {config.replica_selector!r}")
+    if config.replica_fetch_poll_ms <= 0:
+        raise ConfigError(f"replica_fetch_poll_ms must be positive, got "
+                          f"{config.replica_fetch_poll_ms}")
     return config
 
 

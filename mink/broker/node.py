@@ -36,6 +36,7 @@ from mink.broker.security.authorizer import Authorizer
 from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
 from mink.broker.server.peers import PeerPool
+from mink.broker.server.replica_reads import ReplicaReads
 from mink.broker.security.listeners import advertise
 from mink.broker.security.ssl_principal import PrincipalMapper
 from mink.broker.security.tls import inter_broker_security, server_context
@@ -103,6 +104,7 @@ class Node:
         self.handed_over = trio.Event()  # set once the controlled shutdown is over
         self.nursery: trio.Nursery | None = None  # the one nursery, set by _serve
         self.peers = PeerPool(self)  # connections to the other nodes (produce forwarding)
+        self.replica_reads = ReplicaReads(self)  # Fetches of partitions led elsewhere
 
     @property
     def draining(self) -> bool:
@@ -211,6 +213,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
             await nursery.start(node.groups.run)
             nursery.start_soon(node.transactions.run)
             nursery.start_soon(node.markers.run)
+            nursery.start_soon(node.replica_reads.run)  # views of partitions led elsewhere
             nursery.start_soon(serve_shutdown_requests, node)  # controlled shutdown
             if on_started is not None:
                 on_started(node)

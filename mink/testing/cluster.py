@@ -543,11 +543,14 @@ def _proxy_class() -> Any:
 @asynccontextmanager
 async def open_cluster(nodes: int = 3, postgres: TestPostgres | None = None, *,
                        store_url: str | None = None, proxy: bool = True,
+                       node_config: dict[int, dict[str, Any]] | None = None,
                        **config: Any) -> AsyncIterator[MinkCluster]:
     """`nodes` Mink nodes (ids 1..n) in the caller's trio run, on a fresh database of
     `postgres` (a TestPostgres, started and stopped here when None) and a fresh store.
-    `config` overrides Config fields for every node (e.g. num_partitions=3)."""
-    async with _open(nodes, postgres, store_url, proxy, {**CLUSTER_DEFAULTS, **config}) as c:
+    `config` overrides Config fields for every node (e.g. num_partitions=3), `node_config`
+    those of one node ({2: {"rack": "b"}})."""
+    async with _open(nodes, postgres, store_url, proxy, {**CLUSTER_DEFAULTS, **config},
+                     node_config) as c:
         yield c
 
 
@@ -562,7 +565,9 @@ async def open_node(postgres: TestPostgres | None = None, *, store_url: str | No
 
 @asynccontextmanager
 async def _open(count: int, postgres: TestPostgres | None, store_url: str | None,
-                proxy: bool, config: dict[str, Any]) -> AsyncIterator[MinkCluster]:
+                proxy: bool, config: dict[str, Any],
+                per_node: dict[int, dict[str, Any]] | None = None
+                ) -> AsyncIterator[MinkCluster]:
     from mink.testing import _parts
 
     own_postgres = postgres is None
@@ -595,7 +600,8 @@ async def _open(count: int, postgres: TestPostgres | None, store_url: str | None
                 objects.append(store)
                 node_config = _parts.Config(**{
                     "node_id": node_id, "listener": "127.0.0.1:0", "postgres_url": url,
-                    "object_store": store_url, **config})
+                    "object_store": store_url, **config,
+                    **(per_node or {}).get(node_id, {})})
                 node = MinkNode(cluster, node_id, node_config, store)
                 node.proxy = node_proxy
                 cluster.nodes.append(node)

@@ -472,6 +472,15 @@ class _NodeStateCollector:
         yield CounterMetricFamily("mink_fetch_session_evictions", "Sessions evicted to make "
                                   "room for new ones (IncrementalFetchSessionEvictionsPerSec).",
                                   value=sessions.evictions)
+        replicas = node.replica_reads  # fetch through any node (issue 25)
+        yield _gauge("mink_replica_views", "Partitions led elsewhere this node serves "
+                     "Fetches of (open replica views).", len(replicas.views))
+        yield CounterMetricFamily("mink_replica_fetch_partitions", "Partitions of consumer "
+                                  "Fetches served from a replica view (not led here).",
+                                  value=replicas.fetches_served)
+        yield CounterMetricFamily("mink_replica_end_reads", "PostgreSQL reads of the "
+                                  "committed ends of replica views (the poller's and "
+                                  "Fetches' own).", value=replicas.queries)
         yield from self.metrics.lag.families()
         yield from compaction_metrics.families(node)
 

@@ -7,11 +7,18 @@ partitions that have something new.
 
 The consumer byte-rate quota as Kafka's KafkaApis applies it: a fetch reads at most what
 the quota allows in its windows, its response's bytes are charged, and a fetch that passes
-the quota is answered without records (the bytes unrecorded), throttled."""
+the quota is answered without records (the bytes unrecorded), throttled.
+
+Fetch through any node (issue 25): a consumer's read_uncommitted Fetch of a partition this
+node does not lead is served from a replica view (mink/broker/server/replica_reads.py), the
+committed data read through the index and the object store; and KIP-392: a leader answers a
+consumer in another rack than its own with `preferred_read_replica`, a live node in the
+consumer's rack (`replica_selector`), and no records."""
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -25,13 +32,16 @@ from mink.broker.server.handlers.topic_ids import requested_topic
 from mink.broker.transactions import read_committed
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.log import LogError
+from mink.storage.replica import ReplicaView
 
 TOPIC_IDS_FROM = 13  # Fetch v13+ (KIP-516) names topics by id only
+RACK_ID_FROM = 11  # Fetch v11+ (KIP-392): the consumer's rack, preferred_read_replica
+NO_REPLICA = -1
 
 
 class _Read:
     __slots__ = ("topic", "topic_id", "request", "located", "error", "records", "size",
-                 "aborted", "key")
+                 "aborted", "key", "preferred")
 
     def __init__(self, topic: str | None, topic_id, request, located, key=None):
         self.topic = topic
@@ -43,6 +53,7 @@ class _Read:
         self.size = 0
         self.aborted: list = []  # read_committed: (producer id, first offset)
         self.key = key  # the partition's key in its fetch session
+        self.preferred = NO_REPLICA  # KIP-392: where the consumer should fetch instead
 
 
 class _SessionError(Exception):
@@ -68,6 +79,11 @@ async def handle(node, ctx, request):
     _authorize(node, ctx, reads)
     deadline = trio.current_time() + request.max_wait.total_seconds()
     committed_only = request.isolation_level == read_committed.READ_COMMITTED
+    if _from_consumer(request):
+        if not committed_only:
+            await _serve_led_elsewhere(node, reads)
+            if version >= RACK_ID_FROM:
+                _prefer_rack_local(node, request.rack_id, reads)
     quota = node.quotas.fetch
     user, client_id = ctx.principal.name, ctx.client_id
     max_bytes = request.max_bytes
@@ -78,9 +94,9 @@ async def handle(node, ctx, request):
     while True:
         total = await _read_all(reads, max_bytes, committed_only, changed)
         if total >= request.min_bytes or trio.current_time() >= deadline or (
-                any(r.error for r in reads)):
-            break
-        changed = await _wait_for_commit(reads, deadline)
+                any(r.error or r.preferred != NO_REPLICA for r in reads)):
+            break  # Kafka answers a preferred read replica at once too
+        changed = await _wait_for_commit(node, reads, deadline)
     if charged:
         now = trio.current_time()
         size = sum(r.size for r in reads)
@@ -107,6 +123,61 @@ def _authorize(node, ctx, reads: list[_Read]) -> None:
         if read.topic is not None and not node.authorizer.topic(ctx, READ, read.topic):
             read.located = Located(ErrorCode.topic_authorization_failed)
             read.error = ErrorCode.topic_authorization_failed
+
+
+def _from_consumer(request) -> bool:
+    """A consumer's Fetch (replica id -1), not a follower's: only those are served from a
+    replica view or pointed to another replica."""
+    state = getattr(request, "replica_state", None)  # v15+ (KIP-903)
+    replica_id = state.replica_id if state is not None else getattr(request, "replica_id", -1)
+    return replica_id < 0
+
+
+async def _serve_led_elsewhere(node, reads: list[_Read]) -> None:
+    """The reads of partitions another node leads (NOT_LEADER_OR_FOLLOWER so far) get this
+    node's replica views of them, with the leader epoch checked as a Kafka follower checks
+    it (KIP-320). Those PostgreSQL does not know stay NOT_LEADER_OR_FOLLOWER."""
+    elsewhere = [r for r in reads if r.error == ErrorCode.not_leader_or_follower
+                 and r.located.partition is not None
+                 and r.located.partition.leader != node.node_id]
+    if not elsewhere:
+        return
+    replicas = node.replica_reads
+    views = await replicas.views_for(
+        list(dict.fromkeys((r.located.topic.topic_id, r.request.partition) for r in elsewhere)))
+    # past the end a view knows: read the ends again before answering OFFSET_OUT_OF_RANGE
+    ahead = [key for r in elsewhere
+             if (key := (r.located.topic.topic_id, r.request.partition)) in views
+             and r.request.fetch_offset > views[key].committed_end]
+    if ahead:
+        views.update(await replicas.views_for(list(dict.fromkeys(ahead)), max_age=0))
+    for read in elsewhere:
+        view = views.get((read.located.topic.topic_id, read.request.partition))
+        if view is None:
+            continue
+        located = read.located
+        read.located = Located(ErrorCode.none, located.topic, located.partition, view)
+        read.error = check_leader_epoch(
+            getattr(read.request, "current_leader_epoch", -1), view)
+        node.replica_reads.fetches_served += 1
+
+
+def _prefer_rack_local(node, rack_id: str | None, reads: list[_Read]) -> None:
+    """KIP-392 as Kafka's RackAwareReplicaSelector: for a consumer in a rack the leader is
+    not in, a live node of that rack (not draining; the same one for a partition every time,
+    partitions spread over them). None there: the leader serves."""
+    rack = node.config.rack
+    if node.config.replica_selector != "rack" or not rack_id or rack_id == rack:
+        return
+    in_rack = sorted(b.node_id for b in node.view.brokers.values()
+                     if b.rack == rack_id and not b.draining and b.node_id != node.node_id)
+    if not in_rack:
+        return
+    for read in reads:
+        if not read.error and read.located.log is not None and not isinstance(
+                read.located.log, ReplicaView):
+            spread = zlib.crc32(f"{read.topic}/{read.request.partition}".encode())
+            read.preferred = in_rack[spread % len(in_rack)]
 
 
 def _session_for(node, request, version: int):
@@ -192,7 +263,7 @@ def _answered_in_session(session, reads: list[_Read], incremental: bool) -> list
         high_watermark = partition_log.high_watermark if partition_log is not None else -1
         log_start = partition_log.log_start_offset if partition_log is not None else -1
         if cached.must_respond(bool(read.records), read.error, high_watermark, log_start) or (
-                not incremental):
+                not incremental) or read.preferred != NO_REPLICA:
             answered.append(read)
             session.answered(read.key)
     return answered
@@ -223,7 +294,7 @@ async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = F
     for it shrank below what it gave last time."""
     total = 0
     for read in reads:
-        if read.error:
+        if read.error or read.preferred != NO_REPLICA:  # KIP-392: no records with it
             read.records, read.size = [], 0
             continue
         budget = min(read.request.partition_max_bytes, max_bytes - total)
@@ -261,13 +332,16 @@ class _Waiter:
         self.woken.set()
 
 
-async def _wait_for_commit(reads: list[_Read], deadline: float) -> set:
-    """The logs that committed before the deadline (empty if none did)."""
+async def _wait_for_commit(node, reads: list[_Read], deadline: float) -> set:
+    """The logs that committed before the deadline (empty if none did). A replica view
+    learns of commits from the node's poller, which polls while someone waits."""
     woken, changed = trio.Event(), set()
     waiters = [_Waiter(r.located.log, woken, changed) for r in reads
                if r.located.log is not None]
     for waiter in waiters:
         waiter.log.waiters.add(waiter)
+    if any(isinstance(w.log, ReplicaView) for w in waiters):
+        node.replica_reads.waiting()
     try:
         with trio.move_on_at(deadline):
             await woken.wait()
@@ -310,7 +384,7 @@ def _response(node, version: int, reads: list[_Read], session_id: int,
             log_start_offset=partition_log.log_start_offset if partition_log else -1,
             aborted_transactions=tuple(aborted_schema(producer_id=pid, first_offset=first)
                                        for pid, first in read.aborted),
-            preferred_read_replica=-1,
+            preferred_read_replica=read.preferred,
             # the stored buffers themselves: the frame is sent around them, not joined
             records=tuple(read.records) if read.records else b"", **extra))
     topic_schema = nested(schema, "FetchableTopicResponse")

@@ -4,14 +4,21 @@ latest tiered (-5, v9+) or the first offset at or after a timestamp.
 Mink has no local tier: every batch is in the object store from its acknowledgement on, so
 it answers the KIP-405 specs as a Kafka broker without remote storage does (UnifiedLog:
 earliest local = the log start, latest tiered = offset -1). v10's timeout (KIP-1075) bounds
-a wait on remote storage that Mink never does."""
+a wait on remote storage that Mink never does.
+
+A consumer's ListOffsets (replica id -1) of a partition another node leads is answered from
+this node's replica view of it (issue 25, fetch through any node), its ends read from
+PostgreSQL for the request: the leader's committed high watermark and log start, and the
+timestamp lookups through the same index. Not read_committed's latest: the last stable
+offset is only known on the leader (NOT_LEADER_OR_FOLLOWER sends the client there)."""
 
 from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.broker.server.handlers.partitions import check_leader_epoch, locate_for_reading
+from mink.storage.replica import ReplicaView
 from mink.broker.security.authorizer import DESCRIBE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
@@ -29,7 +36,8 @@ async def handle(node, ctx, request):
         allowed = node.authorizer.topic(ctx, DESCRIBE, topic.name)
         for p in topic.partitions:
             error, offset, timestamp, epoch = await _list_offset(
-                node, topic.name, p, getattr(request, "isolation_level", 0)) if allowed \
+                node, topic.name, p, getattr(request, "isolation_level", 0),
+                request.replica_id < 0) if allowed \
                 else (ErrorCode.topic_authorization_failed, -1, -1, -1)
             partitions.append(build(
                 partition_schema, partition_index=p.partition_index, error_code=error,
@@ -40,11 +48,16 @@ async def handle(node, ctx, request):
 
 
 async def _list_offset(node, name: str, p,
-                       isolation_level: int = 0) -> tuple[ErrorCode, int, int, int]:
-    located = locate(node, name, p.partition_index, still_opening=ErrorCode.leader_not_available)
+                       isolation_level: int = 0,
+                       consumer: bool = True) -> tuple[ErrorCode, int, int, int]:
+    opening = ErrorCode.leader_not_available
+    located = (await locate_for_reading(node, name, p.partition_index, still_opening=opening)
+               if consumer else locate(node, name, p.partition_index, still_opening=opening))
     log = located.log
     if log is None:
         return located.error, -1, -1, -1
+    if isinstance(log, ReplicaView) and p.timestamp == LATEST and isolation_level == 1:
+        return ErrorCode.not_leader_or_follower, -1, -1, -1
     error = check_leader_epoch(getattr(p, "current_leader_epoch", -1), log)
     if error:
         return error, -1, -1, -1

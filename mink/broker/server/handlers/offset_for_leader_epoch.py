@@ -1,13 +1,17 @@
 """OffsetForLeaderEpoch (KIP-101, KIP-320): for a leader epoch a client last saw, the largest
 epoch not above it and where that epoch's log ends, so the client can tell whether its
-position is still on the log after a leader change."""
+position is still on the log after a leader change.
+
+It is all in PostgreSQL (the leader_epochs table): a consumer's request (replica id -1) of a
+partition another node leads is answered from this node's replica view of it too (issue 25,
+fetch through any node), the current leader epoch checked against PostgreSQL's."""
 
 from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.server.handlers.partitions import check_leader_epoch, locate
+from mink.broker.server.handlers.partitions import check_leader_epoch, locate, locate_for_reading
 from mink.broker.security.authorizer import DESCRIBE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable, UnknownTopic
@@ -22,7 +26,8 @@ async def handle(node, ctx, request):
         partitions = []
         allowed = node.authorizer.topic(ctx, DESCRIBE, topic.topic)
         for p in topic.partitions:
-            error, epoch, end_offset = await _end_offset(node, topic.topic, p) if allowed \
+            error, epoch, end_offset = await _end_offset(
+                node, topic.topic, p, getattr(request, "replica_id", -1) < 0) if allowed \
                 else (ErrorCode.topic_authorization_failed, -1, -1)
             partitions.append(build(result_schema, error_code=error, partition=p.partition,
                                     leader_epoch=epoch, end_offset=end_offset))
@@ -31,8 +36,10 @@ async def handle(node, ctx, request):
     return build(schema, throttle_time=NO_THROTTLE, topics=tuple(topics))
 
 
-async def _end_offset(node, name: str, p) -> tuple[ErrorCode, int, int]:
-    located = locate(node, name, p.partition)
+async def _end_offset(node, name: str, p, consumer: bool = True
+                      ) -> tuple[ErrorCode, int, int]:
+    located = (await locate_for_reading(node, name, p.partition) if consumer
+               else locate(node, name, p.partition))
     if located.log is None:
         return located.error, -1, -1
     error = check_leader_epoch(p.current_leader_epoch, located.log)

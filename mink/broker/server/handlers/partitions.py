@@ -42,6 +42,24 @@ def locate(node, name: str, index: int, *, still_opening: ErrorCode =
     return Located(ErrorCode.not_leader_or_follower, topic, partition)
 
 
+async def locate_for_reading(node, name: str, index: int, *,
+                             still_opening: ErrorCode = ErrorCode.not_leader_or_follower,
+                             max_age: float = 0.0) -> Located:
+    """As `locate`, but a partition another node leads is located at this node's replica view
+    of it (mink/broker/server/replica_reads.py), its ends read from PostgreSQL no longer
+    than `max_age` seconds ago: what a consumer's ListOffsets and OffsetForLeaderEpoch are
+    answered from on any node. NOT_LEADER_OR_FOLLOWER when there is no view to be had."""
+    located = locate(node, name, index, still_opening=still_opening)
+    if located.error != ErrorCode.not_leader_or_follower or located.partition is None or (
+            located.partition.leader == node.node_id):
+        return located
+    key = (located.topic.topic_id, index)
+    view = (await node.replica_reads.views_for([key], max_age=max_age)).get(key)
+    if view is None:
+        return located
+    return Located(ErrorCode.none, located.topic, located.partition, view)
+
+
 def check_leader_epoch(current_leader_epoch: int, partition_log: PartitionLog) -> ErrorCode:
     """KIP-320: a client that knows a newer epoch than ours talks to a stale leader; one that
     knows an older epoch must refresh its metadata. -1 means the client does not say."""
