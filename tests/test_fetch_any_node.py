@@ -73,7 +73,8 @@ async def test_a_non_leader_answers_the_leaders_bytes_and_ends_at_any_offset(min
     byte budgets that end inside the log) to the leader and to the other node answer the
     same bytes, high watermark and log start; past the end both answer
     OFFSET_OUT_OF_RANGE; a newer leader epoch than PostgreSQL's is UNKNOWN_LEADER_EPOCH on
-    the non-leader; read_committed there is NOT_LEADER_OR_FOLLOWER."""
+    the non-leader; read_committed answers the same there too (no transaction: the LSO is the
+    high watermark)."""
     from mink.testing import open_cluster
 
     async with open_cluster(2, mink_postgres, proxy=False) as cluster:
@@ -101,13 +102,10 @@ async def test_a_non_leader_answers_the_leaders_bytes_and_ends_at_any_offset(min
             same = await to_other.call(ApiKey.FETCH, VERSION, fetch_body(
                 "any-bytes", 0, 0, current_leader_epoch=epoch))
             assert seen(same)[0] == 0 and seen(same)[4]
-            committed = await to_other.call(ApiKey.FETCH, VERSION, fetch_body(
-                "any-bytes", 0, 0, isolation_level=1))
-            assert seen(committed)[0] == int(ErrorCode.not_leader_or_follower)
-            assert partition_of(committed).current_leader.leader_id == leader.node_id
-            # the leader's read_committed answer is unchanged
-            assert seen(await to_leader.call(ApiKey.FETCH, VERSION, fetch_body(
-                "any-bytes", 0, 0, isolation_level=1)))[0] == 0
+            body = fetch_body("any-bytes", 0, 0, isolation_level=1)
+            a, b = [(seen(r), partition_of(r).last_stable_offset) for r in [
+                await c.call(ApiKey.FETCH, VERSION, body) for c in (to_leader, to_other)]]
+            assert a == b and a[0][0] == 0 and a[1] == end, (a, b)
             assert other.node.replica_reads.fetches_served > 0
             assert leader.node.replica_reads.fetches_served == 0
 
@@ -381,8 +379,7 @@ def epoch_end_body(topic: str, epoch: int):
 async def test_list_offsets_and_epoch_ends_on_a_non_leader_are_the_leaders(mink_postgres):
     """ListOffsets (earliest, latest, a timestamp, max timestamp) and OffsetForLeaderEpoch
     sent by a consumer to the node that does not lead the partition answer what the leader
-    answers; read_committed's latest there is NOT_LEADER_OR_FOLLOWER (the LSO is the
-    leader's alone)."""
+    answers, read_committed's latest (the last stable offset) included."""
     from mink.testing import open_cluster
 
     async with open_cluster(2, mink_postgres, proxy=False) as cluster:
@@ -397,10 +394,10 @@ async def test_list_offsets_and_epoch_ends_on_a_non_leader_are_the_leaders(mink_
                         for c in (to_leader, to_other)
                         for p in (await c.call(ApiKey.LIST_OFFSETS, 7, body)).topics[0].partitions]
                 assert a == b and a[0] == 0, (timestamp, a, b)
-            committed = await to_other.call(ApiKey.LIST_OFFSETS, 7, list_offsets_body(
-                "any-offsets", -1, isolation_level=1))
-            assert committed.topics[0].partitions[0].error_code == (
-                ErrorCode.not_leader_or_follower)
+            body = list_offsets_body("any-offsets", -1, isolation_level=1)
+            a, b = [(p.error_code, p.offset) for c in (to_leader, to_other)
+                    for p in (await c.call(ApiKey.LIST_OFFSETS, 7, body)).topics[0].partitions]
+            assert a == b == (0, 12), (a, b)
             epoch = leader.node.view.topics["any-offsets"].partitions[0].leader_epoch
             a, b = [(p.error_code, p.leader_epoch, p.end_offset)
                     for c in (to_leader, to_other)
@@ -433,3 +430,65 @@ def consume(bootstrap: str, topic: str, partitions: list[int], count: int, rack:
     finally:
         consumer.close()
     return got
+
+
+def _transactions(bootstrap: str, topic: str, leave_open: bool) -> None:
+    """Blocking: one committed transaction of 5 records, one aborted of 3, and (if
+    `leave_open`) one of 2 left open, then (if not) nothing more."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn",
+                         "linger.ms": 0})
+    producer.init_transactions(30)
+    for count, end in ((5, producer.commit_transaction), (3, producer.abort_transaction)):
+        producer.begin_transaction()
+        for i in range(count):
+            producer.produce(topic, value=b"%d-%d" % (count, i), partition=0)
+        producer.flush(30)
+        end(30)
+    producer.begin_transaction()
+    for i in range(2):
+        producer.produce(topic, value=b"open-%d" % i, partition=0)
+    producer.flush(30)
+    return producer
+
+
+async def test_read_committed_on_a_non_leader_is_the_leaders(mink_postgres):
+    """Transactions on the leader (committed, aborted, one left open): a read_committed Fetch
+    and ListOffsets on the other node answer what the leader answers (the last stable offset
+    at the open transaction's first offset, the aborted transaction, the same bytes), and
+    after the open one commits, both move on to the same end."""
+    from mink.testing import open_cluster
+
+    async with open_cluster(2, mink_postgres, proxy=False) as cluster:
+        leader, other = await two_nodes_one_partition(cluster, "any-txn")
+        producer = await trio.to_thread.run_sync(_transactions, address(leader), "any-txn",
+                                                 True)
+
+        async def both(committed_end: int | None = None):
+            async with await KafkaClient.connect(address(leader)) as to_leader, \
+                    await KafkaClient.connect(address(other)) as to_other:
+                body = fetch_body("any-txn", 0, 0, isolation_level=1)
+                answers = []
+                for client in (to_leader, to_other):
+                    p = partition_of(await client.call(ApiKey.FETCH, VERSION, body))
+                    latest = (await client.call(ApiKey.LIST_OFFSETS, 7, list_offsets_body(
+                        "any-txn", -1, isolation_level=1))).topics[0].partitions[0]
+                    answers.append((int(p.error_code), p.high_watermark, p.last_stable_offset,
+                                    [(a.producer_id, a.first_offset)
+                                     for a in p.aborted_transactions],
+                                    bytes(p.records or b""), latest.offset))
+                return answers
+
+        # committed 5 + marker, aborted 3 + marker: the open transaction starts at 10
+        with trio.fail_after(30):
+            while (answers := await both())[1] != answers[0]:
+                await trio.sleep(0.05)  # the non-leader's ends are polled
+        a = answers[0]
+        assert a[0] == 0 and a[1] == 12 and a[2] == 10 and a[5] == 10, a
+        assert len(a[3]) == 1 and a[3][0][1] == 6, a  # the aborted one, from offset 6
+        await trio.to_thread.run_sync(producer.commit_transaction, 30)
+        with trio.fail_after(30):
+            while (answers := await both())[1] != answers[0] or answers[0][2] != 13:
+                await trio.sleep(0.05)
+        assert answers[0][1:3] == (13, 13) and answers[0][5] == 13, answers[0]

@@ -10,17 +10,17 @@ stream objects, the very batches the leader returns.
 The committed end (high watermark) and log start are the leader's committed ones as
 PostgreSQL has them (`partitions.committed_end`, `log_start_offset`): they are only as fresh
 as the last time they were read (`learned`), which the broker's poller does (see
-mink/broker/server/replica_reads.py). The last stable offset is not known here (the open
-transactions live in the leader's memory): `last_stable_offset` is -1, Kafka's "unknown",
-and read_committed fetches are not served from a view."""
+mink/broker/server/replica_reads.py). The last stable offset too: the first offset of the
+oldest ongoing transaction, which the WAL commit records in each producer's state with the
+data (sql/0012), read in the same snapshot as the ends; so read_committed consumers are
+served from a view as well, their aborted transactions from PostgreSQL's index
+(mink/broker/transactions/read_committed.py reads it again when the view's end moved)."""
 
 from __future__ import annotations
 
 import uuid
 
 from mink.storage.log import NotLeader, PartitionLog, ReadCaches
-
-UNKNOWN_OFFSET = -1
 
 
 class _NoWal:
@@ -33,24 +33,29 @@ class _NoWal:
 class ReplicaView(PartitionLog):
     def __init__(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                  committed_end: int, log_start_offset: int, caches: ReadCaches,
-                 now: float) -> None:
+                 now: float, first_unstable: int | None = None) -> None:
         super().__init__(topic_id, partition, leader_epoch, committed_end, log_start_offset,
                          _NoWal(), caches)
         self.learned_at = now  # when the ends were last read from PostgreSQL
         self.used_at = now     # when a fetch last read through this view
+        self.first_unstable = first_unstable  # of the oldest ongoing transaction, or None
 
     def append(self, *args, **kwargs):
         raise NotLeader("this node does not lead the partition")
 
     @property
     def last_stable_offset(self) -> int:
-        return UNKNOWN_OFFSET
+        first = self.first_unstable
+        return self.committed_end if first is None else min(first, self.committed_end)
 
     def learned(self, committed_end: int, log_start_offset: int, leader_epoch: int,
-                now: float) -> None:
+                now: float, first_unstable: int | None = None) -> None:
         """The ends PostgreSQL has now: a longer log wakes the fetches waiting on it. Ends
-        only move forward (a read of an older snapshot never takes a view back)."""
+        only move forward (a read of an older snapshot never takes a view back); the first
+        unstable offset is taken with an end at least as new as the view's."""
         self.learned_at = now
+        if committed_end >= self.committed_end:
+            self.first_unstable = first_unstable
         self.leader_epoch = max(self.leader_epoch, leader_epoch)
         if log_start_offset > self.log_start_offset:
             self.log_start_offset = log_start_offset

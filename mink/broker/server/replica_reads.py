@@ -100,13 +100,13 @@ class ReplicaReads:
             ends = await partition_ends(self.node.metadata, keys)
         streams = self.node.streams
         now = trio.current_time()
-        for key, (end, start, epoch) in ends.items():
+        for key, (end, start, epoch, unstable) in ends.items():
             view = self.views.get(key)
             if view is not None:
-                view.learned(end, start, epoch, now)
+                view.learned(end, start, epoch, now, unstable)
             elif open_new and streams is not None:
                 self.views[key] = ReplicaView(key[0], key[1], epoch, end, start,
-                                              streams.caches, now)
+                                              streams.caches, now, unstable)
 
     async def run(self) -> None:
         """The poller: while Fetches wait on views, one read per interval of their ends;

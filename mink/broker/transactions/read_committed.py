@@ -5,7 +5,9 @@ aborted transactions of the range returned (Fetch isolation_level=1), as Kafka's
 The aborted-transaction index is in PostgreSQL (`aborted_transactions`, written in the WAL
 commit of each abort marker); a partition's leader reads it once, at the first
 read_committed fetch after it opened the partition, and adds the aborts it commits itself
-(`ProducerStateManager.new_aborts`).
+(`ProducerStateManager.new_aborts`). A replica view (a node serving a partition another node
+leads, mink/storage/replica.py) commits nothing itself: it reads the index again once its
+end moved past the end it had when it last read it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import weakref
 from mink.storage.controlplane import MetadataError
 from mink.storage.log import PartitionLog, StorageUnavailable
 from mink.storage.producer_state import AbortedTxn
+from mink.storage.replica import ReplicaView
 
 READ_COMMITTED = 1
 _POSITION = struct.Struct(">qi")  # baseOffset, batchLength
 
-# PartitionLog -> the aborts PostgreSQL had when this node first needed them.
-_loaded: weakref.WeakKeyDictionary[PartitionLog, list[AbortedTxn]] = (
+# PartitionLog -> the aborts PostgreSQL had when this node first needed them, and the log's
+# committed end then (every abort marker below it was in the index by then).
+_loaded: weakref.WeakKeyDictionary[PartitionLog, tuple[list[AbortedTxn], int]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -76,15 +80,17 @@ async def aborted_transactions(store, partition_log: PartitionLog, fetch_offset:
     [fetch_offset, last_offset]."""
     if last_offset < fetch_offset:
         return []
-    loaded = _loaded.get(partition_log)
-    if loaded is None:
+    loaded, end_then = _loaded.get(partition_log, (None, -1))
+    if loaded is None or (isinstance(partition_log, ReplicaView)
+                          and partition_log.committed_end > end_then):
+        end_then = partition_log.committed_end  # before the read: its aborts are in it
         try:
             rows = await store.aborted(partition_log.topic_id, partition_log.partition,
                                        partition_log.log_start_offset)
         except MetadataError as exc:
             raise StorageUnavailable(f"reading the aborted-transaction index: {exc}") from exc
         loaded = [AbortedTxn(*row) for row in rows]
-        _loaded[partition_log] = loaded
+        _loaded[partition_log] = (loaded, end_then)
     seen = set()
     out = []
     for txn in (*loaded, *partition_log.producers.new_aborts):

@@ -9,7 +9,7 @@ The consumer byte-rate quota as Kafka's KafkaApis applies it: a fetch reads at m
 the quota allows in its windows, its response's bytes are charged, and a fetch that passes
 the quota is answered without records (the bytes unrecorded), throttled.
 
-Fetch through any node (issue 25): a consumer's read_uncommitted Fetch of a partition this
+Fetch through any node (issue 25): a consumer's Fetch (either isolation) of a partition this
 node does not lead is served from a replica view (mink/broker/server/replica_reads.py), the
 committed data read through the index and the object store; and KIP-392: a leader answers a
 consumer in another rack than its own with `preferred_read_replica`, a live node in the
@@ -80,10 +80,9 @@ async def handle(node, ctx, request):
     deadline = trio.current_time() + request.max_wait.total_seconds()
     committed_only = request.isolation_level == read_committed.READ_COMMITTED
     if _from_consumer(request):
-        if not committed_only:
-            await _serve_led_elsewhere(node, reads)
-            if version >= RACK_ID_FROM:
-                _prefer_rack_local(node, request.rack_id, reads)
+        await _serve_led_elsewhere(node, reads)
+        if version >= RACK_ID_FROM:
+            _prefer_rack_local(node, request.rack_id, reads)
     quota = node.quotas.fetch
     user, client_id = ctx.principal.name, ctx.client_id
     max_bytes = request.max_bytes

@@ -9,8 +9,8 @@ a wait on remote storage that Mink never does.
 A consumer's ListOffsets (replica id -1) of a partition another node leads is answered from
 this node's replica view of it (issue 25, fetch through any node), its ends read from
 PostgreSQL for the request: the leader's committed high watermark and log start, and the
-timestamp lookups through the same index. Not read_committed's latest: the last stable
-offset is only known on the leader (NOT_LEADER_OR_FOLLOWER sends the client there)."""
+timestamp lookups through the same index, and read_committed's latest the view's last
+stable offset (read with the ends, mink/storage/replica.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
 from mink.broker.server.handlers.partitions import check_leader_epoch, locate_for_reading
-from mink.storage.replica import ReplicaView
 from mink.broker.security.authorizer import DESCRIBE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
@@ -56,8 +55,6 @@ async def _list_offset(node, name: str, p,
     log = located.log
     if log is None:
         return located.error, -1, -1, -1
-    if isinstance(log, ReplicaView) and p.timestamp == LATEST and isolation_level == 1:
-        return ErrorCode.not_leader_or_follower, -1, -1, -1
     error = check_leader_epoch(getattr(p, "current_leader_epoch", -1), log)
     if error:
         return error, -1, -1, -1
