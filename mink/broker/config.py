@@ -131,6 +131,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Forward the partitions of a Produce that another node leads to that leader (inside an
     # Envelope, as the client's principal) instead of answering NOT_LEADER_OR_FOLLOWER.
     produce_forwarding: bool = True
+    # Forward a group or transaction-coordinator request (JoinGroup, OffsetCommit, EndTxn,
+    # ...) reaching a node that does not coordinate its group / transactional id to the node
+    # that does, instead of answering NOT_COORDINATOR (clients behind a load balancer).
+    coordinator_forwarding: bool = True
     # Group coordination: offsets.topic.num.partitions, group.initial.rebalance.delay.ms,
     # group.min.session.timeout.ms, group.max.session.timeout.ms.
     offsets_topic_num_partitions: int = 50

@@ -35,6 +35,7 @@ from mink.broker.quotas.manager import QuotaManager
 from mink.broker.security.authorizer import Authorizer
 from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
+from mink.broker.server.forwarding import EnvelopeLinks
 from mink.broker.server.peers import PeerPool
 from mink.broker.security.listeners import advertise
 from mink.broker.security.ssl_principal import PrincipalMapper
@@ -103,6 +104,8 @@ class Node:
         self.handed_over = trio.Event()  # set once the controlled shutdown is over
         self.nursery: trio.Nursery | None = None  # the one nursery, set by _serve
         self.peers = PeerPool(self)  # connections to the other nodes (produce forwarding)
+        # kept-open connections, one call at a time each (coordinator forwarding)
+        self.envelope_links = EnvelopeLinks(self)
 
     @property
     def draining(self) -> bool:
@@ -166,6 +169,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
         await nursery.start(node.peers.run)
+        await nursery.start(node.envelope_links.run)
         bound = {}
         for lst in listeners:
             bound[lst.name] = await nursery.start(
