@@ -78,14 +78,17 @@ async def key_coordinated_elsewhere(cluster, prefix: str, *, transactional=False
             await trio.sleep(0.1)
 
 
-def forwarded(cluster, node_id: int = 1) -> int:
-    """Coordinator requests node `node_id` forwarded and got answered (from its metrics)."""
-    registry = cluster.node(node_id).node.metrics
-    counter = getattr(registry, "_coordinator_forwarded", None)
-    if counter is None:
-        return 0
-    return int(sum(sample.value for metric in counter.collect() for sample in metric.samples
-                   if sample.name.endswith("_total")))
+def count_forwards(node) -> list[tuple[int, int]]:
+    """(target, api key) of each request `node` forwarded and got answered, from now on."""
+    forwards: list[tuple[int, int]] = []
+    counted = node.metrics.coordinator_forwarded
+
+    def coordinator_forwarded(target: int, api_key: int) -> None:
+        forwards.append((target, int(api_key)))
+        counted(target, api_key)
+
+    node.metrics.coordinator_forwarded = coordinator_forwarded
+    return forwards
 
 
 def offset_fetch_body(group: str, topic: str, partitions: list[int], version: int = 7):
@@ -118,7 +121,7 @@ async def test_consumer_groups_through_one_proxy_join_heartbeat_and_commit(mink_
         assert set(cluster.leaders("cf-groups").values()) == {1, 2, 3}
         for client in ("kafka-python", "confluent-kafka"):
             group, coordinator = await key_coordinated_elsewhere(cluster, f"cf-{client}")
-            before = forwarded(cluster)
+            forwards = count_forwards(cluster.node(1).node)
             run = _kafka_python_group if client == "kafka-python" else _confluent_group
             report = await trio.to_thread.run_sync(
                 run, bootstrap, group, "cf-groups",
@@ -131,7 +134,10 @@ async def test_consumer_groups_through_one_proxy_join_heartbeat_and_commit(mink_
             assert report["committed"] == wanted, (client, report)
             assert await committed_on(cluster.node(coordinator), group, "cf-groups",
                                       list(range(6))) == wanted
-            assert forwarded(cluster) > before  # node 1 forwarded them, did not answer
+            # node 1 forwarded them to the coordinator, did not answer them itself
+            apis = {api for target, api in forwards if target == coordinator}
+            assert {ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT,
+                    ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH} <= apis, (client, apis)
             assert cluster.node(coordinator).node.groups.groups.get(group) is not None
 
 
@@ -152,7 +158,7 @@ def _kafka_python_group(bootstrap: str, group: str, topic: str, generation) -> d
     consumer = KafkaConsumer(
         topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
         session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300, auto_offset_reset="earliest",
-        request_timeout_ms=20000, api_version_auto_timeout_ms=10000)
+        request_timeout_ms=20000)
     report = {"errors": [], "generations": []}
     try:
         deadline = time.monotonic() + 60
@@ -218,11 +224,13 @@ async def test_a_transactional_producer_through_one_proxy_commits_and_aborts(min
         assert set(cluster.leaders("cf-txn").values()) == {1, 2, 3}
         transactional_id, coordinator = await key_coordinated_elsewhere(
             cluster, "cf-txn", transactional=True)
-        before = forwarded(cluster)
+        forwards = count_forwards(cluster.node(1).node)
         report = await trio.to_thread.run_sync(_transactions, bootstrap, transactional_id,
                                                "cf-txn")
         assert report["errors"] == [], report
-        assert forwarded(cluster) > before
+        apis = {api for target, api in forwards if target == coordinator}
+        assert {ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN,
+                ApiKey.END_TXN} <= apis, apis
         direct = address(cluster.node(2))  # the INTERNAL listener: the leaders themselves
         values = await trio.to_thread.run_sync(_read_committed, direct, "cf-txn", 60)
         assert sorted(values) == sorted(b"commit-%d" % i for i in range(60)), values[:10]
@@ -276,6 +284,32 @@ def _read_committed(bootstrap: str, topic: str, count: int, timeout: float = 30.
     finally:
         consumer.close()
     return got
+
+
+def test_every_coordinated_request_names_its_keys_at_every_version():
+    """The fields coordinated_keys reads exist in every version this node serves (a wrong
+    name would close the client's connection)."""
+    import dataclasses
+
+    from mink.broker.server.coordinator_forwarding import COORDINATED, coordinated_keys
+    from mink.protocol.apis import ADVERTISED
+
+    class Fields:
+        def __init__(self, schema):
+            self._names = {f.name for f in dataclasses.fields(schema)}
+
+        def __getattr__(self, name):
+            if name not in self._names:
+                raise AttributeError(name)
+            return () if name in ("groups", "groups_names", "group_ids", "transactions",
+                                  "transactional_ids") else "key"
+
+    for api_key in COORDINATED:
+        low, high = ADVERTISED[api_key]
+        for version in range(low, high + 1):
+            keys = coordinated_keys(api_key, version,
+                                    Fields(load_request_schema(api_key, version)))
+            assert keys is not None and keys[1] in ([], ["key"]), (api_key, version, keys)
 
 
 # -- one hop, and bounds ----------------------------------------------------------------------
@@ -412,7 +446,7 @@ def _consume_confluent(bootstrap: str, group: str, topic: str, count: int) -> li
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
     got = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 30
     try:
         while len(got) < count and time.monotonic() < deadline:
             message = consumer.poll(0.3)
@@ -429,7 +463,7 @@ def _consume_kafka_python(bootstrap: str, group: str, topic: str, count: int) ->
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
                              auto_offset_reset="earliest", enable_auto_commit=False)
     got = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 30
     try:
         while len(got) < count and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=300).values():

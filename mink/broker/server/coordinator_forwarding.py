@@ -85,7 +85,7 @@ def coordinated_keys(api_key: int, version: int, request) -> tuple[str, list[str
     if api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
         if version >= 4:
             return TRANSACTION, [t.transactional_id for t in request.transactions]
-        return TRANSACTION, [request.transactional_id]
+        return TRANSACTION, [request.v3_and_below_transactional_id]
     if api_key in (ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN):
         return TRANSACTION, [request.transactional_id]
     if api_key == ApiKey.DESCRIBE_TRANSACTIONS:
