@@ -415,6 +415,42 @@ async def test_an_unreachable_coordinator_is_answered_within_its_bound(mink_post
             assert 1.0 + ANSWER_MARGIN - 0.5 <= took, took
 
 
+async def test_acls_are_checked_on_the_coordinator_as_the_client(mink_postgres):
+    """alice may DESCRIBE the group, bob may not, the inter-broker user `broker` has only
+    CLUSTER_ACTION: alice's OffsetFetch through node 1, of a group node 2 coordinates, is
+    answered (so node 2 checked it as alice, not as `broker`), bob's is
+    GROUP_AUTHORIZATION_FAILED, both answered by node 2."""
+    from mink.testing import open_cluster
+    from tests.support.security import create_users, endpoints
+    from tests.test_acls import binding, create_acls
+    from tests.test_produce_forwarding import SECURED, USERS, login
+
+    async with open_cluster(2, mink_postgres, proxy=False, **SECURED, **SETTINGS) as cluster:
+        group, coordinator = await key_coordinated_elsewhere(cluster, "cf-acl")
+        plain = endpoints(cluster.node(1))["PLAINTEXT"]
+        await trio.to_thread.run_sync(create_users, plain, USERS)
+        await trio.to_thread.run_sync(create_acls, plain, [
+            binding("CLUSTER", "kafka-cluster", "User:broker", "CLUSTER_ACTION"),
+            binding("GROUP", group, "User:alice", "DESCRIBE")])
+        forwards = count_forwards(cluster.node(1).node)
+        body = offset_fetch_body(group, "cf-acl-topic", [0])
+        client_listener = endpoints(cluster.node(1))["CLIENT"]
+        with trio.fail_after(20):  # the ACLs reach both views
+            while True:
+                async with await KafkaClient.connect(client_listener,
+                                                     security=login("alice")) as alice:
+                    answer = await alice.call(ApiKey.OFFSET_FETCH, 7, body)
+                if answer.error_code != ErrorCode.group_authorization_failed:
+                    break
+                await trio.sleep(0.1)
+        assert answer.error_code == ErrorCode.none, answer
+        async with await KafkaClient.connect(client_listener, security=login("bob")) as bob:
+            answer = await bob.call(ApiKey.OFFSET_FETCH, 7, body)
+        assert answer.error_code == ErrorCode.group_authorization_failed, answer
+        assert forwards and {target for target, _ in forwards} == {coordinator}
+        assert len(forwards) >= 2  # alice's and bob's were both answered by node 2
+
+
 # -- consume through one address (needs fetch through any node) ------------------------------
 
 
