@@ -135,7 +135,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Envelope, as the client's principal) instead of answering NOT_LEADER_OR_FOLLOWER.
     produce_forwarding: bool = True
     # Fetch through any node (issue 25, mink/broker/server/replica_reads.py): a node serves
-    # consumers' read_uncommitted Fetches of partitions it does not lead from the index and
+    # consumers' Fetches of partitions it does not lead from the index and
     # the object store. replica_fetch_poll_ms: how often it reads the committed ends of the
     # partitions long-polling Fetches wait on (one batched query per interval per node, only
     # while some Fetch waits; the latency a commit takes to reach such a Fetch is at most
@@ -150,6 +150,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # nothing in replication, and a node without a rack (or a client without one) is never
     # redirected.
     replica_selector: str = "rack"
+    # Forward a group or transaction-coordinator request (JoinGroup, OffsetCommit, EndTxn,
+    # ...) reaching a node that does not coordinate its group / transactional id to the node
+    # that does, instead of answering NOT_COORDINATOR (clients behind a load balancer).
+    coordinator_forwarding: bool = True
     # Group coordination: offsets.topic.num.partitions, group.initial.rebalance.delay.ms,
     # group.min.session.timeout.ms, group.max.session.timeout.ms.
     offsets_topic_num_partitions: int = 50

@@ -35,6 +35,7 @@ from mink.broker.quotas.manager import QuotaManager
 from mink.broker.security.authorizer import Authorizer
 from mink.broker.server.fetch_sessions import FetchSessionCache
 from mink.broker.server.forwarding import auto_create_via_coordinator
+from mink.broker.server.forwarding import EnvelopeLinks
 from mink.broker.server.peers import PeerPool
 from mink.broker.server.replica_reads import ReplicaReads
 from mink.broker.security.listeners import advertise
@@ -105,6 +106,8 @@ class Node:
         self.nursery: trio.Nursery | None = None  # the one nursery, set by _serve
         self.peers = PeerPool(self)  # connections to the other nodes (produce forwarding)
         self.replica_reads = ReplicaReads(self)  # Fetches of partitions led elsewhere
+        # kept-open connections, one call at a time each (coordinator forwarding)
+        self.envelope_links = EnvelopeLinks(self)
 
     @property
     def draining(self) -> bool:
@@ -168,6 +171,7 @@ async def _serve(node: Node, task_status, freeze_heap: bool = True,
     async with trio.open_nursery() as nursery:
         node.nursery = nursery
         await nursery.start(node.peers.run)
+        await nursery.start(node.envelope_links.run)
         bound = {}
         for lst in listeners:
             bound[lst.name] = await nursery.start(

@@ -111,6 +111,12 @@ class NullMetrics:
     def produce_forward_error(self, target: int, error: str) -> None:
         pass
 
+    def coordinator_forwarded(self, target: int, api_key: int) -> None:
+        pass
+
+    def coordinator_forward_error(self, target: int, api_key: int) -> None:
+        pass
+
     def observe_object_store(self, store):
         return store
 
@@ -233,6 +239,16 @@ class NodeMetrics:
             "FOLLOWER when nothing was sent, REQUEST_TIMED_OUT when the outcome is unknown).",
             ["target", "error"], registry=registry)
         self._forward_children: dict[int, tuple[object, object]] = {}
+        # Coordinator forwarding (mink/broker/server/coordinator_forwarding.py).
+        self._coordinator_forwarded = Counter(
+            "mink_coordinator_forwarded_requests",
+            "Group and transaction-coordinator requests forwarded to their coordinator and "
+            "answered by it.", ["target", "api"], registry=registry)
+        self._coordinator_forward_errors = Counter(
+            "mink_coordinator_forward_errors",
+            "Coordinator requests whose forwarding failed (the coordinator not reached or "
+            "not answering in time): answered here, NOT_COORDINATOR.", ["target", "api"],
+            registry=registry)
         self.storage = _StorageMeters(registry)
         self.lag = ConsumerLag(node)
         registry.register(_NodeStateCollector(self))
@@ -291,6 +307,12 @@ class NodeMetrics:
 
     def produce_forward_error(self, target: int, error: str) -> None:
         self._forward_errors.labels(str(target), error).inc()
+
+    def coordinator_forwarded(self, target: int, api_key: int) -> None:
+        self._coordinator_forwarded.labels(str(target), str(int(api_key))).inc()
+
+    def coordinator_forward_error(self, target: int, api_key: int) -> None:
+        self._coordinator_forward_errors.labels(str(target), str(int(api_key))).inc()
 
     def observe_object_store(self, store):
         return InstrumentedObjectStore(store, self._object_store_request)

@@ -11,12 +11,19 @@ receiving node checks the request itself, as that principal from that host
 `forward_to(node, target, ...)` is the one way to send a request to another node, by node
 id; the coordinator actions use it with the coordinator's id. Each call opens its own
 connection (coordinator actions are rare); bounded by `timeout`.
+
+`EnvelopeLinks` (`node.envelope_links`) keeps connections open for the group and
+transaction-coordinator requests forwarded to their coordinators
+(`coordinator_forwarding.py`): one call at a time on each, any number at once per target,
+so a JoinGroup waiting out a rebalance never holds another client's Heartbeat behind it (a
+pipelined connection, as Produce forwarding's `peers.py`, would).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import select
 from dataclasses import dataclass
 
 import trio
@@ -149,3 +156,134 @@ async def auto_create_via_coordinator(node, names: list[str], ctx) -> None:
         await forward_to(node, view.coordinator, origin, ApiKey.CREATE_TOPICS, 5, frame)
     except ForwardingFailed as exc:
         log.warning("forwarding the auto-creation of %s failed: %s", names, exc)
+
+
+# -- kept-open connections, one call at a time each -------------------------------------------
+
+CONNECT_TIMEOUT = 5.0  # one connection attempt (TCP, TLS, SASL)
+MAX_IDLE_PER_TARGET = 8  # connections kept open between calls, per target node
+IDLE_SECONDS = 60.0  # an idle connection older than this is closed, not reused
+
+
+class EnvelopeLinks:
+    """Connections to the other nodes for Envelopes answered one at a time.
+
+    A call takes an idle connection to its target (or opens one, within CONNECT_TIMEOUT),
+    sends its Envelope, waits for the answer until its deadline, and puts the connection
+    back for the next call. Calls to one target never wait for each other: a call that finds
+    no idle connection opens another, and at most MAX_IDLE_PER_TARGET stay open once the
+    calls are answered. A connection that failed, or timed out with a call on it, is closed
+    (its answer would come out of turn); the idle ones to the same target are closed too, as
+    a peer that closed one (it restarted) closed them all. An idle connection the peer has
+    closed is seen at once (its socket is readable: EOF) and not reused. Nothing is resent:
+    a call that failed ends as ForwardingFailed, and the caller decides.
+    """
+
+    def __init__(self, node) -> None:
+        self.node = node
+        # per target: (client, address, reuse until: trio time), the most recent last
+        self._idle: dict[int, list[tuple[KafkaClient, str, float]]] = {}
+        self.opened = 0  # connections opened so far (for tests and measurements)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Closes the idle connections when the node stops (a task of its nursery)."""
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            for target in list(self._idle):
+                self._close_idle(target)
+
+    def idle(self, target: int) -> int:
+        return len(self._idle.get(target, ()))
+
+    async def call(self, target: int, envelope: EnvelopeRequest, deadline: float) -> bytes:
+        """The response data (header and body) of `envelope`'s request on node `target`,
+        answered by `deadline` (trio time); ForwardingFailed otherwise."""
+        node = self.node
+        broker = node.view.brokers.get(target)
+        if broker is None or target == node.node_id:
+            raise ForwardingFailed(f"node {target} is not a live other node")
+        address = f"{broker.host}:{broker.port}"
+        client = self._take(target, address)
+        reused = client is not None
+        try:
+            with trio.fail_at(deadline):
+                if client is None:
+                    with trio.fail_at(min(deadline, trio.current_time() + CONNECT_TIMEOUT)):
+                        client = await KafkaClient.connect(
+                            address, client_id=f"mink-node-{node.node_id}",
+                            security=node.inter_broker_security)
+                    self.opened += 1
+                response = await client.call(ApiKey.ENVELOPE, ENVELOPE_VERSION, envelope)
+        except (OSError, EOFError, trio.TooSlowError, trio.BrokenResourceError,
+                trio.ClosedResourceError, KafkaClientError, MalformedResponse) as exc:
+            if client is not None:
+                await trio.aclose_forcefully(client.stream)
+            self._close_idle(target)
+            reason = "no answer in time" if isinstance(exc, trio.TooSlowError) else (
+                str(exc) or type(exc).__name__)
+            raise ForwardingFailed(f"node {target} at {address}"
+                                   f"{' (a kept-open connection)' if reused else ''}: "
+                                   f"{reason}") from None
+        except BaseException:  # cancelled: the answer would come out of turn
+            if client is not None:
+                await trio.aclose_forcefully(client.stream)
+            raise
+        self._give_back(target, address, client)
+        if response.error_code != ErrorCode.none or response.response_data is None:
+            raise ForwardingFailed(f"node {target} refused the envelope: "
+                                   f"{ErrorCode(response.error_code).name.upper()}")
+        return response.response_data
+
+    def _take(self, target: int, address: str) -> KafkaClient | None:
+        idle = self._idle.get(target)
+        now = trio.current_time()
+        while idle:
+            client, at, reuse_until = idle.pop()
+            if at == address and now < reuse_until and not _closed_by_peer(client):
+                return client
+            _close_now(client)
+        return None
+
+    def _give_back(self, target: int, address: str, client: KafkaClient) -> None:
+        idle = self._idle.setdefault(target, [])
+        if len(idle) >= MAX_IDLE_PER_TARGET:
+            _close_now(client)
+            return
+        reuse_until = trio.current_time() + IDLE_SECONDS
+        if client.session_lifetime_ms > 0:  # KIP-368: not past its SASL session
+            lifetime = client.session_lifetime_ms / 1000
+            reuse_until = min(reuse_until, trio.current_time() + lifetime - max(
+                min(1.0, lifetime / 2), lifetime / 10))
+        idle.append((client, address, reuse_until))
+
+    def _close_idle(self, target: int) -> None:
+        for client, _, _ in self._idle.pop(target, ()):
+            _close_now(client)
+
+
+def _socket_of(client: KafkaClient):
+    stream = client.stream
+    stream = getattr(stream, "transport_stream", stream)  # under TLS
+    return getattr(stream, "socket", None)
+
+
+def _closed_by_peer(client: KafkaClient) -> bool:
+    """Whether an idle connection's peer closed it (or sent what nobody asked for): its
+    socket is readable. A zero-timeout poll, never a wait."""
+    sock = _socket_of(client)
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _close_now(client: KafkaClient) -> None:
+    """Close an idle connection without awaiting (nothing is in flight on it)."""
+    sock = _socket_of(client)
+    if sock is not None:
+        sock.close()

@@ -1,5 +1,6 @@
 """One handler per Kafka API: `async def handle(node, ctx, request) -> response | None`."""
 
+from mink.broker.server.coordinator_forwarding import COORDINATED, coordinated
 from mink.protocol.apis import ADVERTISED, PRIVILEGED, ApiKey
 
 from . import (
@@ -107,6 +108,10 @@ HANDLERS = {
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials.handle,
     ApiKey.ENVELOPE: envelope.handle,  # the inter-broker listener only
 }
+
+# A request of a group or transactional id another node coordinates goes there
+# (coordinator_forwarding.py), checked and answered by that node's handler.
+HANDLERS.update({api_key: coordinated(HANDLERS[api_key]) for api_key in COORDINATED})
 
 # A client must never be offered an API that then fails.
 assert set(HANDLERS) == set(ADVERTISED) | set(PRIVILEGED), (

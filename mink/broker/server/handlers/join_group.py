@@ -14,8 +14,9 @@ MS = datetime.timedelta(milliseconds=1)
 
 
 def client_host(ctx) -> str:
-    """Kafka's form: "/" and the peer's address."""
-    return "/" + ctx.peer.rpartition(":")[0].strip("[]")
+    """Kafka's form: "/" and the client's address (the original client's for a request
+    forwarded in an Envelope)."""
+    return "/" + ctx.client_host
 
 
 async def handle(node, ctx, request):
