@@ -11,7 +11,6 @@ import socket
 import time
 from contextlib import asynccontextmanager
 
-import pytest
 import trio
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
@@ -454,7 +453,6 @@ async def test_acls_are_checked_on_the_coordinator_as_the_client(mink_postgres):
 # -- consume through one address (needs fetch through any node) ------------------------------
 
 
-@pytest.mark.xfail(reason="needs fetch through any node (issue-25f)", strict=True)
 async def test_a_consumer_through_one_proxy_reads_every_partition(mink_postgres):
     """Produced through the proxy with idempotence to every partition of a topic led across
     the three nodes, then consumed through the proxy by a confluent-kafka consumer group

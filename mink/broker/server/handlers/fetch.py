@@ -133,12 +133,12 @@ def _from_consumer(request) -> bool:
 
 
 async def _serve_led_elsewhere(node, reads: list[_Read]) -> None:
-    """The reads of partitions another node leads (NOT_LEADER_OR_FOLLOWER so far) get this
-    node's replica views of them, with the leader epoch checked as a Kafka follower checks
-    it (KIP-320). Those PostgreSQL does not know stay NOT_LEADER_OR_FOLLOWER."""
+    """The reads of partitions another node leads, or this node leads and is still opening
+    (NOT_LEADER_OR_FOLLOWER so far), get this node's replica views of them, with the leader
+    epoch checked as a Kafka follower checks it (KIP-320). Those PostgreSQL does not know
+    stay NOT_LEADER_OR_FOLLOWER."""
     elsewhere = [r for r in reads if r.error == ErrorCode.not_leader_or_follower
-                 and r.located.partition is not None
-                 and r.located.partition.leader != node.node_id]
+                 and r.located.partition is not None]
     if not elsewhere:
         return
     replicas = node.replica_reads
