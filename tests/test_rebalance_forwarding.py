@@ -1,13 +1,16 @@
 """A `mink cluster rebalance` under load on three subprocess nodes (issue 25): with produce
 forwarding on, the clients are answered no NOT_LEADER_OR_FOLLOWER while partitions move (the
 old leader forwards to the new one, and a new leader still opening a partition waits for its
-open), and with it off they are: counted on the wire, by a proxy in front of every node that
-decodes the responses, in the same run. Nothing is lost or duplicated with idempotence on.
+open), and with it off producers are: counted on the wire, by a proxy in front of every node
+that decodes the responses, in the same run. A consumer reading meanwhile is answered none
+either way (any node serves committed data). Nothing is lost or duplicated with idempotence
+on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import pytest
@@ -42,7 +45,8 @@ def test_a_rebalance_under_load_answers_no_not_leader_with_forwarding(cluster, f
         cluster.wait_for(lambda: cluster.live_nodes() == {1, 2, 3}, what="three live nodes")
         bootstrap = ",".join("%s:%d" % c.address for c in counters.values())
 
-        with Load(bootstrap, "moving") as load:
+        reader = Reader(bootstrap, "moving")
+        with Load(bootstrap, "moving") as load, reader:
             cluster.wait_for(lambda: len(load.acked) > 1000, what="writes acknowledged")
             out = mink_cli(cluster, "rebalance")
             assert out.returncode == 0, out.stderr
@@ -57,6 +61,7 @@ def test_a_rebalance_under_load_answers_no_not_leader_with_forwarding(cluster, f
             moved_to_3 = {p for p, (leader, _) in cluster.leaders("moving").items()
                           if leader == 3}
         assert load.errors == [], load.errors[:5]
+        assert reader.errors == [], reader.errors[:5]
         assert moved_to_3, "the rebalance moved nothing"
         # the writes after the moves reached node 3's partitions (clients followed)
         assert {p for p, _ in load.acked.values()} >= moved_to_3
@@ -69,10 +74,51 @@ def test_a_rebalance_under_load_answers_no_not_leader_with_forwarding(cluster, f
         else:
             assert not_leader > 0, "a move without forwarding answered no NOT_LEADER"
 
+        fetch_not_leader = sum(c.count("fetch", NOT_LEADER) for c in counters.values())
+        fetch_answers = sum(c.responses["fetch"] for c in counters.values())
+        assert fetch_answers > 10 and len(reader.values) > 1000
+        assert fetch_not_leader == 0, f"{fetch_not_leader} NOT_LEADER_OR_FOLLOWER to fetches"
+
         read = consume_all(bootstrap, "moving", PARTITIONS, len(load.acked))
         values = [v for _, _, v in read]
         assert len(values) == len(set(values)), "a message was written twice"
         assert set(values) == set(load.acked), "an acknowledged message is missing"
         print(f"forwarding={forwarding}: {not_leader} NOT_LEADER_OR_FOLLOWER of "
-              f"{produce_answers} produce answers, {len(load.acked)} acked, "
+              f"{produce_answers} produce answers, {fetch_not_leader} of {fetch_answers} "
+              f"fetch answers, {len(load.acked)} acked, "
               f"{len(moved_to_3)} partitions moved at {time.strftime('%H:%M:%S')}")
+
+
+class Reader:
+    """A confluent-kafka consumer reading every partition from the start until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "mover-reader",
+                                  "enable.auto.commit": False,
+                                  "topic.metadata.refresh.interval.ms": 1000})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.values: list[bytes] = []
+        self.errors: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                self.errors.append(message.error())
+            else:
+                self.values.append(message.value())
+        self.consumer.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(60)

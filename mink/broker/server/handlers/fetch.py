@@ -79,7 +79,8 @@ async def handle(node, ctx, request):
     _authorize(node, ctx, reads)
     deadline = trio.current_time() + request.max_wait.total_seconds()
     committed_only = request.isolation_level == read_committed.READ_COMMITTED
-    if _from_consumer(request):
+    from_consumer = _from_consumer(request)
+    if from_consumer:
         await _serve_led_elsewhere(node, reads)
         if version >= RACK_ID_FROM:
             _prefer_rack_local(node, request.rack_id, reads)
@@ -90,8 +91,17 @@ async def handle(node, ctx, request):
     if charged:
         max_bytes = int(min(max_bytes, quota.max_value_in_window(user, client_id)))
     changed = None  # the logs that committed since the last read; None: read them all
+    moved_once = False
     while True:
         total = await _read_all(reads, max_bytes, committed_only, changed)
+        if from_consumer and not moved_once and any(
+                r.error == ErrorCode.not_leader_or_follower for r in reads):
+            # a log closed under the fetch (its partition moved away): once, read those
+            # from views instead of answering NOT_LEADER_OR_FOLLOWER
+            moved_once = True
+            if await _serve_led_elsewhere(node, reads):
+                changed = None
+                continue
         if total >= request.min_bytes or trio.current_time() >= deadline or (
                 any(r.error or r.preferred != NO_REPLICA for r in reads)):
             break  # Kafka answers a preferred read replica at once too
@@ -132,15 +142,16 @@ def _from_consumer(request) -> bool:
     return replica_id < 0
 
 
-async def _serve_led_elsewhere(node, reads: list[_Read]) -> None:
+async def _serve_led_elsewhere(node, reads: list[_Read]) -> bool:
     """The reads of partitions another node leads, or this node leads and is still opening
     (NOT_LEADER_OR_FOLLOWER so far), get this node's replica views of them, with the leader
     epoch checked as a Kafka follower checks it (KIP-320). Those PostgreSQL does not know
-    stay NOT_LEADER_OR_FOLLOWER."""
+    stay NOT_LEADER_OR_FOLLOWER. Whether any read got a view."""
     elsewhere = [r for r in reads if r.error == ErrorCode.not_leader_or_follower
                  and r.located.partition is not None]
     if not elsewhere:
-        return
+        return False
+    served = False
     replicas = node.replica_reads
     views = await replicas.views_for(
         list(dict.fromkeys((r.located.topic.topic_id, r.request.partition) for r in elsewhere)))
@@ -159,6 +170,8 @@ async def _serve_led_elsewhere(node, reads: list[_Read]) -> None:
         read.error = check_leader_epoch(
             getattr(read.request, "current_leader_epoch", -1), view)
         node.replica_reads.fetches_served += 1
+        served = True
+    return served
 
 
 def _prefer_rack_local(node, rack_id: str | None, reads: list[_Read]) -> None:
