@@ -121,6 +121,7 @@ class Forwarded:
     async def dispatch_late(self) -> None:
         """Wait for the previous request of the connection and for leaders (bounded), then
         queue what can be sent; the rest is answered NOT_LEADER_OR_FOLLOWER."""
+        routes = None  # the deadline may pass before the first look
         try:
             with trio.move_on_at(self.send_deadline):
                 if self.previous is not None:
