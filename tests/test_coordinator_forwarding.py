@@ -7,9 +7,7 @@ behind a load balancer, and raw requests with Mink's client (kio bodies)."""
 from __future__ import annotations
 
 import datetime
-import socket
 import time
-from contextlib import asynccontextmanager
 
 import trio
 from kio.index import load_request_schema
@@ -19,6 +17,7 @@ from mink.client import KafkaClient
 from mink.protocol.apis import ApiKey
 from mink.protocol.envelope import serialize_principal
 from mink.protocol.messages import build, decode_response, encode_request, nested
+from tests.support.one_address import one_address_cluster
 from tests.test_produce_forwarding import address
 
 NOT_COORDINATOR = int(ErrorCode.not_coordinator)
@@ -26,45 +25,30 @@ RETRIABLE = {NOT_COORDINATOR, int(ErrorCode.coordinator_not_available)}
 SETTINGS = dict(offsets_topic_num_partitions=6, transaction_state_num_partitions=6)
 
 
-@asynccontextmanager
-async def proxied_cluster(postgres, **settings):
-    """Three nodes all advertising one TCP proxy that leads to node 1's client listener
-    only; their inter-broker listener (INTERNAL) is their own. Yields (cluster, proxy)."""
-    from mink.testing import open_cluster
-    from mink.testing.cluster import _replace
-    from mink.testing.proxy import TcpProxy
-
-    with socket.socket() as probe:  # a free port for node 1's client listener
-        probe.bind(("127.0.0.1", 0))
-        client_port = probe.getsockname()[1]
-    proxy = TcpProxy("127.0.0.1", client_port)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run)
-        host, port = proxy.address
-        async with open_cluster(
-                3, postgres, proxy=False,
-                listeners="INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:0",
-                listener_security_protocol_map="INTERNAL:PLAINTEXT,CLIENT:PLAINTEXT",
-                inter_broker_listener_name="INTERNAL",
-                advertised_listeners=f"INTERNAL://127.0.0.1:0,CLIENT://{host}:{port}",
-                **{**SETTINGS, **settings}) as cluster:
-            first = cluster.node(1)  # restarted on the port the proxy leads to
-            await first.stop()
-            first.config = _replace(first.config, listeners=(
-                f"INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:{client_port}"))
-            await first.start()
-            yield cluster, f"{host}:{port}"
-        nursery.cancel_scope.cancel()
+def proxied_cluster(postgres, **settings):
+    """`one_address_cluster` with this file's coordinator-topic sizes."""
+    return one_address_cluster(postgres, **{**SETTINGS, **settings})
 
 
 async def key_coordinated_elsewhere(cluster, prefix: str, *, transactional=False,
                                     not_by: int = 1) -> tuple[str, int]:
     """A group id (or transactional id) whose coordinator is a live node other than
-    `not_by`, and that coordinator, once the coordinator topic is led."""
+    `not_by`, and that coordinator, once the coordinator topic is led. The coordinator topic
+    may have been created while `not_by` was alone (a loaded machine starts nodes slowly):
+    after a few seconds one key's partition is moved to another node."""
+    from mink.broker.groups.coordinator import partition_for
+
     node = cluster.node(not_by).node
     finder = node.transactions if transactional else node.groups
-    with trio.fail_after(30):
+    move_at = trio.current_time() + 5
+    with trio.fail_after(60):
         while True:
+            topic = "__transaction_state" if transactional else "__consumer_offsets"
+            if move_at is not None and trio.current_time() >= move_at and (
+                    topic in node.view.topics):
+                move_at = None
+                other = next(n.node_id for n in cluster.running_nodes() if n.node_id != not_by)
+                await cluster.move_leadership(topic, partition_for(f"{prefix}-0", 6), other)
             for i in range(200):
                 key = f"{prefix}-{i}"
                 error, broker = finder.coordinator_for(key)

@@ -320,45 +320,23 @@ async def test_a_consumer_through_one_address_reads_every_partition(mink_postgre
     """Three nodes all advertise one TCP proxy that leads to node 1 only (as behind a load
     balancer pinned to one node): a confluent-kafka consumer (read_uncommitted) reads every
     partition through it, those node 2 and 3 lead from node 1's replica views."""
-    import socket
+    from tests.support.one_address import one_address_cluster
 
-    from mink.testing import open_cluster
-    from mink.testing.cluster import _replace
-    from mink.testing.proxy import TcpProxy
-
-    with socket.socket() as probe:  # a free port for node 1's client listener
-        probe.bind(("127.0.0.1", 0))
-        client_port = probe.getsockname()[1]
-    proxy = TcpProxy("127.0.0.1", client_port)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run)
-        host, port = proxy.address
-        async with open_cluster(
-                3, mink_postgres, proxy=False,
-                listeners="INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:0",
-                listener_security_protocol_map="INTERNAL:PLAINTEXT,CLIENT:PLAINTEXT",
-                inter_broker_listener_name="INTERNAL",
-                advertised_listeners=f"INTERNAL://127.0.0.1:0,CLIENT://{host}:{port}") as cluster:
-            first = cluster.node(1)  # restarted on the port the proxy leads to
-            await first.stop()
-            first.config = _replace(first.config, listeners=(
-                f"INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:{client_port}"))
-            await first.start()
-            await cluster.create_topic("any-lb", partitions=6)
-            leaders = cluster.leaders("any-lb")
-            assert set(leaders.values()) == {1, 2, 3}
-            expected = set()
-            for p, n in leaders.items():
-                async with await KafkaClient.connect(address(cluster.node(n))) as client:
-                    for r in range(3):
-                        await produce(client, "any-lb", p, f"p{p}r{r}", 3)
-                        expected |= {(p, f"p{p}r{r}-{i}".encode() * (i + 1)) for i in range(3)}
-            got = await trio.to_thread.run_sync(
-                consume, f"{host}:{port}", "any-lb", list(range(6)), len(expected), "")
-            assert set(got) == expected and len(got) == len(expected)
-            assert first.node.replica_reads.fetches_served > 0
-            assert len(first.node.replica_reads.views) == 4  # the partitions of nodes 2, 3
-        nursery.cancel_scope.cancel()
+    async with one_address_cluster(mink_postgres) as (cluster, bootstrap):
+        await cluster.create_topic("any-lb", partitions=6)
+        leaders = cluster.leaders("any-lb")
+        assert set(leaders.values()) == {1, 2, 3}
+        expected = set()
+        for p, n in leaders.items():
+            async with await KafkaClient.connect(address(cluster.node(n))) as client:
+                for r in range(3):
+                    await produce(client, "any-lb", p, f"p{p}r{r}", 3)
+                    expected |= {(p, f"p{p}r{r}-{i}".encode() * (i + 1)) for i in range(3)}
+        got = await trio.to_thread.run_sync(
+            consume, bootstrap, "any-lb", list(range(6)), len(expected), "")
+        assert set(got) == expected and len(got) == len(expected)
+        assert cluster.node(1).node.replica_reads.fetches_served > 0
+        assert len(cluster.node(1).node.replica_reads.views) == 4  # the partitions of nodes 2, 3
 
 
 def list_offsets_body(topic: str, timestamp: int, isolation_level: int = 0):

@@ -406,47 +406,24 @@ async def test_an_idempotent_producer_through_one_proxy_reaches_every_partition(
     balancer pinned to one node): an idempotent confluent-kafka producer writes to every
     partition with no delivery error, nothing lost, nothing duplicated, each partition in
     order."""
-    from mink.testing import open_cluster
-    from mink.testing.proxy import TcpProxy
+    from tests.support.one_address import one_address_cluster
 
-    import socket
-
-    from mink.testing.cluster import _replace
-
-    with socket.socket() as probe:  # a free port for node 1's client listener
-        probe.bind(("127.0.0.1", 0))
-        client_port = probe.getsockname()[1]
-    proxy = TcpProxy("127.0.0.1", client_port)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run)
-        host, port = proxy.address
-        async with open_cluster(
-                3, mink_postgres, proxy=False,
-                listeners="INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:0",
-                listener_security_protocol_map="INTERNAL:PLAINTEXT,CLIENT:PLAINTEXT",
-                inter_broker_listener_name="INTERNAL",
-                advertised_listeners=f"INTERNAL://127.0.0.1:0,CLIENT://{host}:{port}") as cluster:
-            first = cluster.node(1)  # restarted on the port the proxy leads to
-            await first.stop()
-            first.config = _replace(first.config, listeners=(
-                f"INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:{client_port}"))
-            await first.start()
-            await cluster.create_topic("fwd-lb", partitions=6)
-            assert set(cluster.leaders("fwd-lb").values()) == {1, 2, 3}
-            count = 3000
-            report = await trio.to_thread.run_sync(_produce_idempotent, f"{host}:{port}",
-                                                   "fwd-lb", count)
-            assert report["errors"] == [], report["errors"][:5]
-            assert report["delivered"] == count
-            messages = await cluster.read_topic("fwd-lb")
-            values = [m.value for m in messages]
-            assert len(values) == count and len(set(values)) == count  # none lost or twice
-            for p in range(6):
-                mine = [int(m.value) for m in messages if m.partition == p]
-                assert mine == sorted(mine) and mine, p  # in order, every partition written
-            forwarded = cluster.node(1).node.peers
-            assert forwarded.connected(2) and forwarded.connected(3)
-        nursery.cancel_scope.cancel()
+    async with one_address_cluster(mink_postgres) as (cluster, bootstrap):
+        await cluster.create_topic("fwd-lb", partitions=6)
+        assert set(cluster.leaders("fwd-lb").values()) == {1, 2, 3}
+        count = 3000
+        report = await trio.to_thread.run_sync(_produce_idempotent, bootstrap,
+                                               "fwd-lb", count)
+        assert report["errors"] == [], report["errors"][:5]
+        assert report["delivered"] == count
+        messages = await cluster.read_topic("fwd-lb")
+        values = [m.value for m in messages]
+        assert len(values) == count and len(set(values)) == count  # none lost or twice
+        for p in range(6):
+            mine = [int(m.value) for m in messages if m.partition == p]
+            assert mine == sorted(mine) and mine, p  # in order, every partition written
+        forwarded = cluster.node(1).node.peers
+        assert forwarded.connected(2) and forwarded.connected(3)
 
 
 def _produce_idempotent(bootstrap: str, topic: str, count: int) -> dict:

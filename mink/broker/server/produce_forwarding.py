@@ -82,7 +82,8 @@ class Forwarded:
     """The remote partitions of one Produce: queued for their leaders (`dispatch`), then
     their answers written into their results (`settle`)."""
 
-    def __init__(self, node, ctx, request, remote: list[Remote], moved: bool = False) -> None:
+    def __init__(self, node, ctx, request, remote: list[Remote], moved: bool = False,
+                 after: tuple[trio.Event, ...] = ()) -> None:
         self.node = node
         self.ctx = ctx
         self.request = request
@@ -98,6 +99,7 @@ class Forwarded:
         # behind the connection's later requests (those wait for them, `_behind`), and sent
         # once the view names their new leader.
         self.moved = moved
+        self.after = after  # moved: the earlier requests' appends to the same partitions
         connection = ctx.connection
         self.previous: Forwarded | None = None if moved else connection.last_forwarded
         if not moved:
@@ -139,7 +141,10 @@ class Forwarded:
 
     def _behind(self) -> list[trio.Event]:
         """The earlier requests of the connection whose appends here to partitions of this
-        one are not settled: their parts refused as moved go to the new leader first."""
+        one are not settled: their parts refused as moved go to the new leader first. For
+        moved parts, those of the requests before the one they belong to (never itself)."""
+        if self.moved:
+            return [event for event in self.after if not event.is_set()]
         appending = self.ctx.connection.appending
         return [event for item in self.remote
                 if (event := appending.get((item.name, item.data.index))) is not None

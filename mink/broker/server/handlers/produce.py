@@ -179,25 +179,33 @@ async def _wait_for_opening(node, ctx, request, denied: set, deadline: float) ->
             await node.sync.wait_for_change()
 
 
-def _appending(ctx, results: dict[str, list[_PartitionResult]]) -> trio.Event | None:
+def _appending(ctx, results: dict[str, list[_PartitionResult]]):
     """Mark the partitions this request appended to here on its connection: a later
-    request's parts for them, forwarded if they move, wait for this one (`_forward_moved`)."""
+    request's parts for them, forwarded if they move, wait for this one (`_forward_moved`).
+    Returns (this request's event, the earlier requests' events it took the place of), or
+    None when it appended nothing here."""
     appending = ctx.connection.appending
     done = None
+    earlier = []
     for name, partition_results in results.items():
         for result in partition_results:
             if result.pending is not None and not isinstance(result.pending, DuplicateBatch):
                 if done is None:
                     done = trio.Event()
+                previous = appending.get((name, result.index))
+                if previous is not None and not previous.is_set():
+                    earlier.append(previous)
                 appending[name, result.index] = done
-    return done
+    return None if done is None else (done, tuple(earlier))
 
 
 async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionResult]],
-                         appended: trio.Event) -> None:
+                         appending: tuple) -> None:
     """Appends refused because their partition moved away meanwhile (not written:
     NotLeader) are forwarded to the new leader, before the connection's later requests'
-    parts for those partitions, instead of answering NOT_LEADER_OR_FOLLOWER."""
+    parts for those partitions (and after the earlier requests' own moved parts),
+    instead of answering NOT_LEADER_OR_FOLLOWER."""
+    appended, earlier = appending
     try:
         moved = [Remote(position, t.name, data, result)
                  for position, t in enumerate(request.topic_data)
@@ -205,15 +213,15 @@ async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionR
                                          strict=False) if result.moved]
         if not moved:
             return
-        again = Forwarded(node, ctx, request, moved, moved=True)
+        again = Forwarded(node, ctx, request, moved, moved=True, after=earlier)
         for item in moved:
             item.result.forwarded = True
         await again.dispatch_late()
     finally:
         appended.set()
-        appending = ctx.connection.appending
-        for key in [k for k, event in appending.items() if event is appended]:
-            del appending[key]
+        marks = ctx.connection.appending
+        for key in [k for k, event in marks.items() if event is appended]:
+            del marks[key]
     await again.settle()
 
 
