@@ -64,6 +64,9 @@ class Load:
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expected: int,
                 timeout: float = 60) -> list:
+    """Every partition read from its start until `expected` messages came, or none came for
+    `timeout` seconds: a slow read of a long history (one GET per WAL flush from moto, on a
+    loaded machine) is not a loss, a stalled one is."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "checker",
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
@@ -73,6 +76,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int,
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
             out.append((msg.partition(), msg.offset(), msg.value()))
+            deadline = time.monotonic() + timeout
     consumer.close()
     return out
 

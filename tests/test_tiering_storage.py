@@ -667,6 +667,57 @@ async def test_readers_missing_the_same_block_share_one_get():
     assert caches.block_used == 200
 
 
+async def test_cold_reads_of_wal_rows_get_aligned_blocks_at_once_shared_by_partitions(
+        metadata, nursery):
+    """A cold read of WAL rows (not tiered yet) GETs them several at a time, each through
+    the WAL_BLOCK_BYTES-aligned block holding it: a reader of the second partition finds
+    the flushes it shares with the first in the block cache. Every record as written."""
+    from mink.storage import log as log_module
+    from mink.storage.objectstore import open_object_store
+
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 2)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    logs = [await streams.open(topic.topic_id, p, 0) for p in range(2)]
+    await produce(logs, 40)
+    expected = [await read_all(log) for log in logs]
+    rows = [await index_rows(metadata, topic, p) for p in range(2)]
+    assert not any(is_stream_object(r.object_key) for p in range(2) for r in rows[p])
+    shared = {r.object_key for r in rows[0]} & {r.object_key for r in rows[1]}
+    assert len(shared) > 5, "the partitions share WAL objects"
+    gets: list[tuple[str, int, int]] = []
+    in_flight = [0, 0]  # now, most
+
+    class Slow:
+        async def get(self, key, start=0, end=None):
+            gets.append((key, start, end))
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            try:
+                await trio.sleep(0.01)
+                return await objects.get(key, start, end)
+            finally:
+                in_flight[0] -= 1
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    cold = Streams(1, streams.node_epoch, Slow(), metadata)
+    readers = [_reader(cold, topic.topic_id, p, await metadata.stream_state(topic.topic_id, p))
+               for p in range(2)]
+    assert await read_all(readers[0]) == expected[0]
+    first_reader_gets = len(gets)
+    assert await read_all(readers[1]) == expected[1]
+    block = log_module.WAL_BLOCK_BYTES
+    assert all(start % block == 0 and end - start == block for _, start, end in gets), (
+        "small rows are read through their aligned block")
+    assert in_flight[1] > 1, "several GETs in flight for one read"
+    assert len(gets) == len(set(gets)), "each block once"
+    objects_of_second_only = {r.object_key for r in rows[1]} - {r.object_key for r in rows[0]}
+    assert len(gets) - first_reader_gets == len(objects_of_second_only), (
+        "the second partition's reader GETs only the flushes the first did not read")
+
+
 async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery):
     """A reader walking a stream object asks PostgreSQL once per row; when retention takes
     the row and collection its object, the next read re-resolves: out of range, never

@@ -51,6 +51,15 @@ FOOTER_CACHE_ENTRIES = 4096
 # flight on the node (more are skipped, not queued: the reader then asks itself).
 READ_AHEAD_BLOCKS = 2
 READ_AHEAD_GETS = 8
+# A cold read of WAL rows (one small ranged GET each: a flush's share of one partition) asks
+# the index for this many rows at most and GETs the rows it takes this many at a time; one
+# after another, a catch-up read of S3-backed history paid a round trip per row.
+COLD_READ_ROWS = 64
+COLD_READ_GETS = 8
+# A WAL row is read through the WAL_BLOCK_BYTES-aligned block holding it, so the rows of the
+# other partitions in the same flush (a catch-up reader of several partitions reads them next)
+# come from the block cache, not a GET each; a row of half a block or more is read as itself.
+WAL_BLOCK_BYTES = 1024 * 1024
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 
 
@@ -371,6 +380,13 @@ class PartitionLog:
             return None
         return await self.offset_for_timestamp(state.max_timestamp)
 
+    def reads_cold(self, offset: int) -> bool:
+        """Whether a read at `offset` goes to the index and the object store (below the tail
+        cache), not to memory alone."""
+        if self.closed is not None or not self.log_start_offset <= offset < self.committed_end:
+            return False
+        return offset < (self.tail[0].base_offset if self.tail else self.committed_end)
+
     async def read(self, offset: int, max_bytes: int) -> list[memoryview]:
         """Committed batches from the one holding `offset`, about `max_bytes` worth (the
         first batch always whole, KIP-74). Empty at the high watermark."""
@@ -524,33 +540,27 @@ class ReadCaches:
                 rows = [cached]
             else:
                 rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
-                                                        max_rows=16)
+                                                        max_rows=COLD_READ_ROWS)
             chunks: list[Chunk] = []
             size = 0
-            for row in rows:
+            i = 0
+            while i < len(rows) and size < max_bytes:
+                row = rows[i]
                 if is_stream_object(row.object_key):
-                    # A tiered row: only the batches wanted, through the object's footer.
-                    self._stream_rows[log_.key] = row
-                    while len(self._stream_rows) > FOOTER_CACHE_ENTRIES:
-                        self._stream_rows.popitem(last=False)
-                    reader = await self.stream_reader(row)
-                    at = max(offset, row.base_offset)
-                    while True:  # a read ends at a block's end: one chunk per block
-                        base, last, data = await reader.read(at, max_bytes - size)
-                        chunks.append(Chunk(base, last, data))
-                        size += len(data)
-                        if size >= max_bytes or last >= row.last_offset or not chunks[-1].data:
-                            break
-                        at = last + 1
-                    self.read_ahead(row.object_key, reader)
-                    if size >= max_bytes or last < row.last_offset:
+                    size, complete = await self._read_stream_row(log_, row, offset, max_bytes,
+                                                                 chunks, size)
+                    if not complete:
                         break
+                    i += 1
                     continue
-                data = await self.get_block(row.object_key, row.byte_start, row.byte_end)
-                chunks.append(Chunk(row.base_offset, row.last_offset, data))
-                size += len(data)
-                if size >= max_bytes:
-                    break
+                # a run of WAL rows, as many as the budget takes (the first always), at once
+                run = i
+                while run < len(rows) and not is_stream_object(rows[run].object_key) and (
+                        run == i or size < max_bytes):
+                    size += rows[run].byte_end - rows[run].byte_start
+                    run += 1
+                chunks.extend(await self._get_rows(rows[i:run]))
+                i = run
             return chunks
         except ObjectNotFound as exc:
             self._stream_rows.pop(log_.key, None)
@@ -561,6 +571,63 @@ class ReadCaches:
         except (MetadataError, ObjectStoreError) as exc:
             # Retriable for the client; reads of cached data go on meanwhile.
             raise StorageUnavailable(f"reading offset {offset} from the store: {exc}") from exc
+
+    async def _read_stream_row(self, log_: PartitionLog, row, offset: int, max_bytes: int,
+                               chunks: list[Chunk], size: int) -> tuple[int, bool]:
+        """A tiered row: only the batches wanted, through the object's footer, one chunk per
+        block. The new size, and whether the read reached the row's end."""
+        self._stream_rows[log_.key] = row
+        while len(self._stream_rows) > FOOTER_CACHE_ENTRIES:
+            self._stream_rows.popitem(last=False)
+        reader = await self.stream_reader(row)
+        at = max(offset, row.base_offset)
+        while True:  # a read ends at a block's end: one chunk per block
+            base, last, data = await reader.read(at, max_bytes - size)
+            chunks.append(Chunk(base, last, data))
+            size += len(data)
+            if size >= max_bytes or last >= row.last_offset or not data:
+                break
+            at = last + 1
+        self.read_ahead(row.object_key, reader)
+        return size, last >= row.last_offset
+
+    async def wal_row_bytes(self, row) -> bytes | memoryview:
+        """A WAL row's batches, from the aligned block(s) holding them (WAL_BLOCK_BYTES)."""
+        key, start, end = row.object_key, row.byte_start, row.byte_end
+        if end - start >= WAL_BLOCK_BYTES // 2:
+            return await self.get_block(key, start, end)
+        first = start - start % WAL_BLOCK_BYTES
+        block = await self.get_block(key, first, first + WAL_BLOCK_BYTES)
+        if end <= first + WAL_BLOCK_BYTES:
+            return memoryview(block)[start - first:end - first]
+        # across a block boundary: the two pieces (together under half a block)
+        after = await self.get_block(key, first + WAL_BLOCK_BYTES, first + 2 * WAL_BLOCK_BYTES)
+        return block[start - first:] + after[:end - first - WAL_BLOCK_BYTES]
+
+    async def _get_rows(self, rows: list) -> list[Chunk]:
+        """The WAL rows' bytes as chunks in their order, COLD_READ_GETS GETs at a time.
+        The first error is raised as itself (not in an exception group)."""
+        if len(rows) == 1:
+            row = rows[0]
+            return [Chunk(row.base_offset, row.last_offset, await self.wal_row_bytes(row))]
+        data: list[bytes | memoryview | None] = [None] * len(rows)
+        failure: list[Exception] = []
+        limiter = trio.CapacityLimiter(COLD_READ_GETS)
+
+        async def get(n: int, row) -> None:
+            async with limiter:
+                try:
+                    data[n] = await self.wal_row_bytes(row)
+                except Exception as exc:  # the first ends the read: the others are moot
+                    failure.append(exc)
+                    nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for n, row in enumerate(rows):
+                nursery.start_soon(get, n, row)
+        if failure:
+            raise failure[0]
+        return [Chunk(row.base_offset, row.last_offset, got) for row, got in zip(rows, data)]
 
     async def stream_reader(self, row) -> StreamObjectReader:
         """The reader of a stream object's row: its footer from the cache, or one ranged GET
@@ -639,7 +706,7 @@ class ReadCaches:
         (ListOffsets): the whole row of a WAL object, the one batch a stream object's time
         index leads to."""
         if not is_stream_object(row.object_key):
-            return await self.get_block(row.object_key, row.byte_start, row.byte_end)
+            return await self.wal_row_bytes(row)
         try:
             found = await (await self.stream_reader(row)).first_batch_reaching(timestamp)
         except StreamObjectError as exc:

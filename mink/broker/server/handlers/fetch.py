@@ -37,6 +37,8 @@ from mink.storage.replica import ReplicaView
 TOPIC_IDS_FROM = 13  # Fetch v13+ (KIP-516) names topics by id only
 RACK_ID_FROM = 11  # Fetch v11+ (KIP-392): the consumer's rack, preferred_read_replica
 NO_REPLICA = -1
+# Partitions of one Fetch read from the object store at the same time, at most.
+COLD_PARTITIONS_AT_ONCE = 16
 
 
 class _Read:
@@ -304,6 +306,7 @@ async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = F
     """Read every partition, or after a wake-up (`changed`) only those whose log committed
     since: a log that committed nothing would answer the same again, unless the budget left
     for it shrank below what it gave last time."""
+    early = await _read_cold_at_once(reads, max_bytes, changed)
     total = 0
     for read in reads:
         if read.error or read.preferred != NO_REPLICA:  # KIP-392: no records with it
@@ -318,8 +321,14 @@ async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = F
         if budget <= 0 and total > 0:
             continue  # the response is full; the first batch of a fetch is always sent
         try:
-            read.records = await read.located.log.read(read.request.fetch_offset,
-                                                       max(budget, 1))
+            got = early.pop(read, None)
+            if got is not None and got[0] == max(budget, 1):
+                if isinstance(got[1], LogError):
+                    raise got[1]
+                read.records = got[1]
+            else:
+                read.records = await read.located.log.read(read.request.fetch_offset,
+                                                           max(budget, 1))
         except LogError as exc:
             read.error = error_for(exc)
             continue
@@ -329,6 +338,39 @@ async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = F
         read.size = sum(len(r) for r in read.records)
         total += read.size
     return total
+
+
+async def _read_cold_at_once(reads: list[_Read], max_bytes: int,
+                             changed: set | None) -> dict:
+    """The partitions of a fetch whose reads go to the object store are read at the same
+    time, not one after the other (a catch-up consumer of several partitions waited out each
+    partition's GETs in turn): each with the budget it gets when every partition before it
+    fills its own, which _read_all then uses (else it reads again, from the caches)."""
+    cold = [r for r in reads if not r.error and r.preferred == NO_REPLICA
+            and (changed is None or r.located.log in changed)
+            and r.located.log.reads_cold(r.request.fetch_offset)]
+    if len(cold) < 2:
+        return {}
+    early: dict = {}
+    limiter = trio.CapacityLimiter(COLD_PARTITIONS_AT_ONCE)
+
+    async def read_early(read: _Read, budget: int) -> None:
+        async with limiter:
+            try:
+                early[read] = (budget, await read.located.log.read(read.request.fetch_offset,
+                                                                   budget))
+            except LogError as exc:
+                early[read] = (budget, exc)
+
+    async with trio.open_nursery() as nursery:
+        planned = 0
+        for read in cold:  # no more than the response can hold
+            budget = max(min(read.request.partition_max_bytes, max_bytes), 1)
+            nursery.start_soon(read_early, read, budget)
+            planned += budget
+            if planned >= max_bytes:
+                break
+    return early
 
 
 class _Waiter:
