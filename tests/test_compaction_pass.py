@@ -16,6 +16,7 @@ import trio
 
 from mink.protocol.records import Record, build_batch, iter_batches, iter_records
 from mink.storage.compaction import store as compaction
+from mink.storage.compaction.offset_map import OffsetMap
 from mink.storage.controlplane import StaleEpoch
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
 from mink.storage.lifecycle import tiering
@@ -110,8 +111,8 @@ async def test_a_pass_is_bounded_in_memory_and_writes_several_objects(metadata, 
     """8 MiB of records (2,048 keys written 4 times), tiered into objects of 512 KiB; a pass
     writing objects of at most 256 KiB, reading blocks of 64 KiB. It keeps exactly the
     latest record of every key, in offset order, in several objects; the memory it
-    allocates at its peak is well below the range it cleans (a pass holding the range
-    whole, as before, needs more than the range)."""
+    allocates at its peak is about its map, one object and two blocks, an eighth of the range
+    it cleans (a pass holding the range whole, as before, needs more than the range)."""
     object_bytes = 256 * 1024
     topic, streams, fence, items = await written_partition(
         metadata, objects, nursery, keys=2048, rounds=4, value_bytes=1000, per_batch=32,
@@ -141,7 +142,17 @@ async def test_a_pass_is_bounded_in_memory_and_writes_several_objects(metadata, 
     assert rows[0][0] == 0 and rows[-1][1] == len(items) - 1
     assert all(a[1] + 1 == b[0] for a, b in zip(rows, rows[1:]))
     assert await read_records(metadata, objects, topic, streams.node_epoch) == latest(items)
-    assert peak < range_bytes / 2, f"a pass over {range_bytes} bytes allocated {peak} at its peak"
+    # What a pass holds at once: its map (sized for the 8,192 offsets: 16,384 slots, 384 KiB),
+    # the object being written (256 KiB), two blocks (128 KiB), and the batches in hand (one
+    # read, one rebuilt). Measured 0.94-0.97 MiB over 8 MiB; tracemalloc also counts what the
+    # node's own tasks allocate meanwhile, so the bound is the parts + 512 KiB (1.25 MiB), not
+    # the 1 MiB seen: holding all the batches kept (2 MiB here) or the range fails it.
+    parts = (OffsetMap.sized(compaction.DEFAULT_MAP_BYTES, len(items)).nbytes()
+             + object_bytes + 2 * 64 * 1024)
+    print(f"a pass over {range_bytes / 2**20:.2f} MiB: peak {peak / 2**20:.2f} MiB "
+          f"(map, object and blocks {parts / 2**20:.2f} MiB)")
+    assert peak < parts + 512 * 1024, \
+        f"a pass over {range_bytes} bytes allocated {peak} at its peak (its parts: {parts})"
 
 
 async def test_a_map_smaller_than_the_dirty_keys_cleans_to_where_it_filled(metadata, objects,
