@@ -93,15 +93,17 @@ async def handle(node, ctx, request):
     if charged:
         max_bytes = int(min(max_bytes, quota.max_value_in_window(user, client_id)))
     changed = None  # the logs that committed since the last read; None: read them all
-    moved_once = False
+    moved: set[_Read] = set()  # reads sent to a view after their log closed under the fetch
     while True:
         total = await _read_all(reads, max_bytes, committed_only, changed)
-        if from_consumer and not moved_once and any(
-                r.error == ErrorCode.not_leader_or_follower for r in reads):
-            # a log closed under the fetch (its partition moved away): once, read those
-            # from views instead of answering NOT_LEADER_OR_FOLLOWER
-            moved_once = True
-            if await _serve_led_elsewhere(node, reads):
+        closed = [r for r in reads
+                  if r.error == ErrorCode.not_leader_or_follower and r not in moved]
+        if from_consumer and closed:
+            # a log closed under the fetch (its partition moved away): those partitions are
+            # read from views instead of answering NOT_LEADER_OR_FOLLOWER, each once (a
+            # rebalance closes a node's logs one after the other, while the fetch waits)
+            moved.update(closed)
+            if await _serve_led_elsewhere(node, closed):
                 changed = None
                 continue
         if total >= request.min_bytes or trio.current_time() >= deadline or (
