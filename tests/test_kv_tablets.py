@@ -1,10 +1,12 @@
 """KV tablets on the leaders of compacted partitions (mink/broker/cluster/tablets.py), in a
 two-node cluster of the harness with confluent-kafka: lookups return the acknowledged
 latest value of every key (or not found for a deleted or unknown one); snapshots are
-written to the object store under the leader epoch; after the leader is killed the new
-leader serves Produce and Fetch, restores the newest snapshot, replays the rest, and its
-lookups match a reference dict built from what was acknowledged; the HTTP lookup and
-`mink get` answer through either node (the non-leader forwards to the leader)."""
+written to the object store under the leader epoch, by the record count or by time, each
+replacing the one before, which is collected (as is one the fence refuses); after the
+leader is killed the new leader serves Produce and Fetch, restores the newest snapshot,
+replays the rest, and its lookups match a reference dict built from what was acknowledged;
+the HTTP lookup and `mink get` answer through either node (the non-leader forwards to the
+leader)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import random
 
 import trio
 
+from mink.storage.compaction import snapshots
 from mink.storage.compaction.snapshots import KV_PREFIX
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
 from tests.test_compaction import _produce, read_all, wait_until
@@ -46,7 +49,7 @@ async def test_lookups_match_what_was_acknowledged_across_a_leader_kill():
     from mink.testing import open_cluster
 
     rng = random.Random(7)
-    async with open_cluster(2, proxy=False, **FAST) as cluster:
+    async with open_cluster(2, proxy=False, file_delete_delay_ms=200, **FAST) as cluster:
         await cluster.create_topic("table", 1, {"cleanup.policy": "compact"})
         leaders = await cluster.wait_led("table")
         first = cluster.node(leaders[0])
@@ -85,6 +88,10 @@ async def test_lookups_match_what_was_acknowledged_across_a_leader_kill():
         reference.update(more)
         await check_lookups(first, reference)  # read-your-acknowledged-writes
 
+        # What the leader would snapshot next, to land after it lost the partition (below).
+        deposed = (first.node.streams.get(topic_id, 0).leader_epoch, first.node_id,
+                   first.node.membership.node_epoch,
+                   first.node.tablets.tablets[(topic_id, 0)].tablet)
         await first.kill()
         second = cluster.node(2 if leaders[0] == 1 else 1)
 
@@ -105,6 +112,15 @@ async def test_lookups_match_what_was_acknowledged_across_a_leader_kill():
         entry = second.node.tablets.tablets[(topic_id, 0)]
         assert entry.restored_from is not None and entry.restored_from >= len(items)
         await check_lookups(second, reference)
+
+        # A snapshot of the deposed leader landing now is refused by the leader-epoch fence
+        # and its upload queued; the snapshots replaced meanwhile were queued too: the store
+        # ends with the referenced one alone, the refused one collected.
+        status = await second.call(snapshots.write_snapshot, second.node.metadata,
+                                   second.node.objects, topic_id, 0, *deposed)
+        assert status == "not_leader"
+        await wait_until(lambda: only_the_current_snapshot_stored(second, topic_id),
+                         "the refused and replaced snapshots collected")
 
 
 def http_get(admin: tuple[str, int], topic: str, partition: int, key: bytes):
@@ -326,3 +342,58 @@ async def test_a_newly_led_compacted_partition_gets_its_tablet_at_its_open(monke
             return (topic_id, 0) in keeper.tablets
 
         await wait_until(started, "the tablet started at the open", timeout=10)
+
+
+async def test_snapshots_on_time_alone_and_the_replaced_ones_collected():
+    """`kv_snapshot_interval_ms` on its own snapshots the tablet (the record count is out of
+    reach here); each snapshot stored replaces the one before, which is queued for deletion
+    (sql/0021, 'kv_snapshot_replaced') and collected: the store keeps the referenced one
+    alone."""
+    from mink.testing import open_node
+
+    rng = random.Random(10)
+    async with open_node(proxy=False, kv_snapshot_records=10**9, kv_snapshot_interval_ms=300,
+                         log_cleaner_backoff_ms=-1, file_delete_delay_ms=200) as node:
+        await node.create_topic("table", 1, {"cleanup.policy": "compact"})
+        await node.wait_led("table")
+        topic_id = node.node.view.topics["table"].topic_id
+        metadata, objects = node.node.metadata, node.node.objects
+
+        async def snapshot_row():
+            return await node.call(metadata.fetch_one, READ, """
+                SELECT log_offset, object_key FROM kv_snapshots
+                 WHERE topic_id = %s AND partition = 0""", (topic_id,))
+
+        async def covering(end: int) -> bool:
+            row = await snapshot_row()
+            return row is not None and row[0] >= end
+
+        first = writes(rng, 1, "i")
+        await trio.to_thread.run_sync(_produce, node.bootstrap, "table", first)
+        await wait_until(lambda: covering(len(first)), "a snapshot on time", timeout=30)
+        replaced = (await snapshot_row())[1]
+        second = writes(rng, 1, "j")
+        await trio.to_thread.run_sync(_produce, node.bootstrap, "table", second)
+        end = len(first) + len(second)
+        await wait_until(lambda: covering(end), "the next snapshot on time", timeout=30)
+        current = (await snapshot_row())[1]
+        assert current != replaced
+        entry = node.node.tablets.tablets[(topic_id, 0)]
+        assert entry.snapshots >= 2
+
+        await wait_until(lambda: only_the_current_snapshot_stored(node, topic_id),
+                         "the replaced snapshots collected")
+
+
+async def only_the_current_snapshot_stored(node, topic_id) -> bool:
+    """The partition's snapshots in the store are the one kv_snapshots references, and none
+    is still queued for deletion (so each other one was queued and collected)."""
+    metadata = node.node.metadata
+    stored = set(await node.call(node.node.objects.list, f"{KV_PREFIX}{topic_id}/"))
+    row = await node.call(metadata.fetch_one, READ, """
+        SELECT object_key FROM kv_snapshots WHERE topic_id = %s AND partition = 0""",
+                          (topic_id,))
+    queued = await node.call(metadata.fetch_all, READ,
+                             "SELECT key FROM objects_to_delete WHERE key LIKE %s",
+                             (f"{KV_PREFIX}{topic_id}/%",))
+    return row is not None and stored == {row[0]} and not queued
