@@ -150,3 +150,59 @@ def test_rebalance_ends_inside_the_band():
     assert {moves[0][1], moves[1][1]} == {62, 63}, "orphans first"
     loads = loads_after(view, moves)
     assert all(0.9 * 16 <= loads[n] <= 1.1 * 16 for n in (1, 2, 3, 4)), loads
+
+
+# -- the view by deltas (issue 22) -------------------------------------------------------------
+
+def _topic(name: str, leaders: list[int | None], epoch: int = 0, topic_id=None):
+    from mink.broker.cluster.view import PartitionInfo, TopicInfo
+
+    return TopicInfo(topic_id or uuid.uuid4(), name, tuple(
+        PartitionInfo(i, leader, epoch) for i, leader in enumerate(leaders)))
+
+
+def test_a_view_changed_by_a_delta_equals_one_built_whole():
+    """with_changes: the changed topics replaced (one deleted, one moved, two added, one of
+    them before the last name), the others shared; topics stay in name order; the indexes
+    (by id, partitions per leader) are those of a view built from scratch."""
+    from mink.broker.cluster.view import BrokerInfo, ClusterView
+
+    a, b, d = _topic("a", [1, 2]), _topic("b", [2]), _topic("d", [1, 1, 3])
+    brokers = {1: BrokerInfo(1, "h", 1), 2: BrokerInfo(2, "h", 2)}
+    before = ClusterView(version=5, cluster_id="c", brokers=brokers,
+                         topics={t.name: t for t in (a, b, d)})
+    assert before.leader_counts() == Counter({1: 3, 2: 2, 3: 1})
+    moved_a = _topic("a", [1, 1], epoch=1, topic_id=a.topic_id)
+    c, e = _topic("c", [None]), _topic("e", [2])
+    after = before.with_changes(8, {1: brokers[1]}, 1, {}, [a.topic_id, b.topic_id,
+                                                            c.topic_id, e.topic_id],
+                                [moved_a, c, e])
+    assert list(after.topics) == ["a", "c", "d", "e"]
+    assert after.topics["d"] is d, "an unchanged topic is shared"
+    assert after.topics["a"] is moved_a and after.topic_by_id(b.topic_id) is None
+    assert after.topic_by_id(c.topic_id) is c and after.partition(d.topic_id, 2).leader == 3
+    assert after.partition(d.topic_id, 3) is None
+    scratch = ClusterView(version=8, cluster_id="c", brokers={1: brokers[1]},
+                          topics=dict(after.topics))
+    assert after.leader_counts() == scratch.leader_counts() == Counter(
+        {1: 4, 3: 1, None: 1, 2: 1})
+    assert not after.leads_any(5) and after.leads_any(3)
+    assert (after.version, after.coordinator, list(after.brokers)) == (8, 1, [1])
+    assert before.leader_counts() == Counter({1: 3, 2: 2, 3: 1}), "the old view unchanged"
+
+
+def test_orphans_are_seen_from_the_leader_counts():
+    from mink.broker.cluster.coordinator import orphans_in
+    from mink.broker.cluster.view import BrokerInfo, ClusterView
+
+    def view(leaders, live, draining=()):
+        return ClusterView(version=1, cluster_id="c", topics={"t": _topic("t", leaders)},
+                           brokers={n: BrokerInfo(n, "h", n, draining=n in draining)
+                                    for n in live})
+
+    assert not orphans_in(view([1, 2, 1], [1, 2]))
+    assert orphans_in(view([1, 3], [1, 2])), "a dead leader"
+    assert orphans_in(view([1, None], [1, 2])), "no leader"
+    assert orphans_in(view([1, 2], [1, 2], draining=[2])), "a draining leader, 1 may take"
+    assert not orphans_in(view([1, 2], [1, 2], draining=[1, 2])), "every node drains"
+    assert not orphans_in(view([1], [])), "nobody to move to"

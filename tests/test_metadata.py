@@ -248,6 +248,68 @@ async def test_topics_and_view(store):
     assert changes[0].body == {"topic_id": str(t.topic_id), "name": "orders", "partitions": 3}
 
 
+async def test_view_since_returns_what_changed_or_everything(store):
+    """A node holding the view at a version reads only the topics the change log names after
+    it (deleted ones named, not returned); everything when it holds nothing or the log was
+    pruned past its version."""
+    from mink.storage.lifecycle import store as lifecycle
+
+    await store.register_node(1, "h1", 9092, ttl_s=30)
+    a = await store.create_topic("a", 2, {"retention.ms": "1000"}, [1, 1])
+    b = await store.create_topic("b", 1, {}, [1])
+    whole = await store.view_since(-1)
+    assert not whole.complete and [t.name for t in whole.topics] == ["a", "b"]
+    assert whole.version == (await store.view()).version == 3  # the node, a, b
+    assert [n.node_id for n in whole.nodes] == [1]
+    same = await store.view_since(3)
+    assert same.complete and same.changed == [] and same.topics == [] and same.version == 3
+    await store.lead_partition(a.topic_id, 1, 1)
+    await store.delete_topic("b")
+    c = await store.create_topic("c", 1, {}, [1])
+    delta = await store.view_since(3)
+    assert delta.complete and delta.version == 6
+    assert sorted(delta.changed) == sorted([a.topic_id, b.topic_id, c.topic_id])
+    assert [t.name for t in delta.topics] == ["a", "c"]
+    assert delta.topics[0].config == {"retention.ms": "1000"}
+    assert [(p.partition, p.leader_epoch) for p in delta.topics[0].partitions] == [(0, 0), (1, 1)]
+    assert (await store.view_since(5)).changed == [c.topic_id]
+    await lifecycle.prune_metadata(store, keep_s=0, change_log_keep=2,
+                                   producer_expiration_ms=86_400_000, limit=1000)
+    pruned = await store.view_since(2)  # rows 1-3 are gone: a holder of 2 misses 3
+    assert not pruned.complete and [t.name for t in pruned.topics] == ["a", "c"]
+    assert (await store.view_since(3)).complete
+
+
+async def test_open_streams_in_one_round_trip_each_refused_alone(store):
+    e1 = await store.register_node(1, "h1", 1, ttl_s=30)
+    await store.register_node(2, "h2", 2, ttl_s=30)
+    t = await store.create_topic("t", 4, {}, [1, 1, 2, 1])
+    opened = await store.open_streams_with_producers(
+        [(t.topic_id, 3, 0), (t.topic_id, 0, 0), (t.topic_id, 2, 0), (t.topic_id, 1, 5),
+         (t.topic_id, 9, 0)], 1, e1)
+    assert set(opened) == {(t.topic_id, p) for p in (0, 1, 2, 3, 9)}
+    for p in (0, 3):
+        state, producers = opened[(t.topic_id, p)]
+        assert (state.stream_state, state.opened_by_node, state.open_leader_epoch) == (
+            "open", 1, 0) and producers == []
+    assert isinstance(opened[(t.topic_id, 2)], LeaderMoved)
+    assert opened[(t.topic_id, 2)].leader_node == 2
+    assert opened[(t.topic_id, 1)].reason == "unknown_leader_epoch"
+    assert isinstance(opened[(t.topic_id, 9)], UnknownTopic)
+    states = await store.stream_states([(t.topic_id, p) for p in range(5)])
+    assert {p for _, p in states} == {0, 1, 2, 3}
+    assert [states[(t.topic_id, p)].stream_state for p in range(4)] == [
+        "open", "closed", "closed", "open"]
+    refused = await store.open_streams_with_producers([(t.topic_id, 1, 0)], 1, e1 + 3)
+    assert isinstance(refused[(t.topic_id, 1)], StaleEpoch)
+    # closed in one statement: only what this incarnation opened at that leader epoch
+    assert await store.close_streams([(t.topic_id, 0, 0), (t.topic_id, 3, 1),
+                                      (t.topic_id, 2, 0)], 1, e1) == 1
+    states = await store.stream_states([(t.topic_id, 0), (t.topic_id, 3)])
+    assert [states[(t.topic_id, p)].stream_state for p in (0, 3)] == ["closed", "open"]
+    assert await store.close_streams([(t.topic_id, 3, 0)], 1, e1 + 1) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Leaders and streams
 

@@ -12,6 +12,7 @@ import trio
 
 from mink.client import KafkaClient
 from mink.broker.cluster.coordinator import ClusterCoordinator
+from mink.broker.cluster.sync import view_from_snapshot
 from mink.storage.controlplane import MetadataStore, StaleEpoch
 from mink.testing.proxy import TcpProxy
 from tests.support.postgres import via_proxy
@@ -90,6 +91,8 @@ async def test_a_coordinator_deposed_while_its_tick_awaits_moves_nothing(pg_url,
         topic = await store.create_topic("orphaned", 2, {}, [2, 2],
                                          coordinator_epoch=coordinator.lease_epoch)
         await store.leave(2, e2)  # node 2 is gone: both partitions are orphans
+        # the node's own view shows them (the tick then reads the whole view to plan)
+        node.view = view_from_snapshot(await store.view())
 
         pg_proxy.stall()
         finished = trio.Event()

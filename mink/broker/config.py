@@ -76,8 +76,6 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Controlled shutdown (SIGTERM, SIGINT): the longest a stopping node waits for its
     # partitions to be open on other nodes before it leaves anyway; 0 leaves at once.
     controlled_shutdown_timeout_ms: int = 10_000
-    # Seed 001: the most partition leases (per-partition background work) one node holds.
-    max_partitions: int = 10_000
 
     # WAL: a buffer is flushed at wal_max_bytes, or wal_max_delay_ms after its first batch.
     # On file:// a flush starts as soon as no other flush is running; on S3 the delay bounds

@@ -82,7 +82,7 @@ class Node:
         # Idempotent batches answered as not written, across reopenings and incarnations.
         self.refused_sequences = RefusedSequences()
         self.coordinator = ClusterCoordinator(self)
-        self.leases = BackgroundLeases(self, config.max_partitions)
+        self.leases = BackgroundLeases(self)
         self.lifecycle = LifecycleLoops(self)  # retention, log starts, collection
         self.tiering = TieringWorker(self)  # WAL objects into stream objects (coordinator)
         self.cleaner = LogCleaner(self)  # compaction of compacted topics (writer leases)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import trio
 
+from mink.storage.controlplane import MetadataError
 from mink.storage.lifecycle.store import mark_wal_settled, undecided_keys, wal_marks
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
 from mink.storage.observer import NO_OBSERVER, StorageObserver
@@ -44,6 +45,10 @@ class Streams:
                              commit_timeout=commit_timeout, on_fenced=self._on_fenced,
                              observer=observer)
         self.logs: dict[tuple[uuid.UUID, int], PartitionLog] = {}
+        # Logs a refused commit closed (the partition moved, or its stream was taken), by
+        # the leader epoch they were open at: their streams may still be marked open by this
+        # node, which the sync undoes once the view shows where they went.
+        self.closed_here: dict[tuple[uuid.UUID, int], int] = {}
         self.fenced = trio.Event()  # set when a commit was refused; the owner resyncs
         # Called when a commit says this node's epoch is stale: every partition is lost.
         self.on_node_fenced = on_node_fenced or (lambda: None)
@@ -85,11 +90,44 @@ class Streams:
         # partition-row lock (a late commit of an earlier opener is in both or refused).
         state, producers = await self.metadata.open_stream_with_producers(
             topic_id, partition, leader_epoch, self.node_id, self.node_epoch)
+        return self._opened(topic_id, partition, leader_epoch, state, producers)
+
+    async def open_many(self, opens: list[tuple[uuid.UUID, int, int]]
+                        ) -> dict[tuple[uuid.UUID, int], PartitionLog | MetadataError]:
+        """`open` for many (topic id, partition, leader epoch) in one round trip; each
+        partition's refusal is its own entry. Those open at that epoch already stay."""
+        out: dict[tuple[uuid.UUID, int], PartitionLog | MetadataError] = {}
+        todo = []
+        for topic_id, partition, leader_epoch in opens:
+            current = self.logs.get((topic_id, partition))
+            if current is not None and current.closed is None and (
+                    current.leader_epoch == leader_epoch):
+                out[(topic_id, partition)] = current
+            else:
+                todo.append((topic_id, partition, leader_epoch))
+        if todo:
+            epochs = {(t, p): e for t, p, e in todo}
+            results = await self.metadata.open_streams_with_producers(todo, self.node_id,
+                                                                      self.node_epoch)
+            for key, result in results.items():
+                if isinstance(result, MetadataError):
+                    out[key] = result
+                else:
+                    out[key] = self._opened(key[0], key[1], epochs[key], *result)
+        return out
+
+    def _opened(self, topic_id: uuid.UUID, partition: int, leader_epoch: int, state,
+                producers) -> PartitionLog:
+        """The log of a stream PostgreSQL just opened for this node at `leader_epoch`."""
+        current = self.logs.get((topic_id, partition))
+        if current is not None and current.closed is None:
+            current.close(NotLeader("reopened at a new leader epoch"))
         opened = PartitionLog(topic_id, partition, leader_epoch, state.committed_end,
                               state.log_start_offset, self.wal, self.caches,
                               self.refused_sequences)
         opened.producers.load([decode_entry(s.producer_id, s.state) for s in producers])
         self.logs[(topic_id, partition)] = opened
+        self.closed_here.pop((topic_id, partition), None)
         # One line per leadership change (here and in close / _on_fenced).
         log.info("leading %s-%d at leader epoch %d, offsets [%d, %d)", topic_id, partition,
                  leader_epoch, state.log_start_offset, state.committed_end,
@@ -152,6 +190,7 @@ class Streams:
     def _on_fenced(self, partition_log: PartitionLog, reason: str) -> None:
         if self.logs.get(partition_log.key) is partition_log:
             del self.logs[partition_log.key]
+            self.closed_here[partition_log.key] = partition_log.leader_epoch
             self.observer.partition_closed(partition_log.topic_id, partition_log.partition,
                                            reason)
         self.fenced.set()

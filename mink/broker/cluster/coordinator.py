@@ -45,6 +45,14 @@ def _targets(view: md.View) -> list[int]:
     return taking or sorted(n.node_id for n in view.nodes)
 
 
+def orphans_in(view) -> bool:
+    """Whether the node's view (`ClusterView`) has a partition plan_orphan_moves would move:
+    one without a leader, or led by a node that is not live or drains while another may
+    take it. From the view's partitions-per-leader count, not a scan."""
+    taking = set(view.assignable) or set(view.brokers)
+    return bool(taking) and any(leader not in taking for leader in view.leader_counts())
+
+
 def plan_orphan_moves(view: md.View, loads: Counter | None = None) -> list[Move]:
     """Partitions whose leader is not live, or drains, go to the least-loaded live node that
     does not drain. A draining node keeps its partitions while no other node may take them."""
@@ -152,8 +160,7 @@ class ClusterCoordinator:
         node that sees no holder tries to take the lease at once."""
         if self.is_holder:
             draining = {b.node_id for b in view.brokers.values() if b.draining}
-            if draining and view.assignable and any(
-                    p.leader in draining for t in view.topics.values() for p in t.partitions):
+            if draining and view.assignable and any(view.leads_any(n) for n in draining):
                 self.wake()
         elif view.coordinator is None and (not self._draining() or not view.assignable):
             self.wake()
@@ -162,9 +169,7 @@ class ClusterCoordinator:
         return self.node.draining
 
     def _leads_nothing(self) -> bool:
-        me = self.node.node_id
-        return not any(p.leader == me for t in self.node.view.topics.values()
-                       for p in t.partitions)
+        return not self.node.view.leads_any(self.node.node_id)
 
     async def hold_lease(self) -> None:
         node = self.node
@@ -200,14 +205,17 @@ class ClusterCoordinator:
             await self.node.metadata.release_lease(COORDINATOR_LEASE, self.node.node_id, epoch)
 
     async def tick(self) -> None:
-        view = await self.node.metadata.view()
-        live = {n.node_id for n in view.nodes}
-        moves = plan_orphan_moves(view)
-        sources = {(t.topic_id, p.partition): p.leader_node for t, p in _partitions(view)}
-        # Partitions of dead nodes, then those of draining nodes (a controlled shutdown or
-        # `mink cluster drain`: logged as such).
-        await self._apply([m for m in moves if sources[m[:2]] not in live], "orphaned")
-        await self._apply([m for m in moves if sources[m[:2]] in live], "drain")
+        # The whole view is read from PostgreSQL only when the node's own (kept current by
+        # deltas) shows a partition to move: an idle tick costs one look per leader.
+        if orphans_in(self.node.view):
+            view = await self.node.metadata.view()
+            live = {n.node_id for n in view.nodes}
+            moves = plan_orphan_moves(view)
+            sources = {(t.topic_id, p.partition): p.leader_node for t, p in _partitions(view)}
+            # Partitions of dead nodes, then those of draining nodes (a controlled shutdown
+            # or `mink cluster drain`: logged as such).
+            await self._apply([m for m in moves if sources[m[:2]] not in live], "orphaned")
+            await self._apply([m for m in moves if sources[m[:2]] in live], "drain")
         for request_id in await self.node.metadata.pending_cluster_requests("rebalance"):
             moves = plan_rebalance(await self.node.metadata.view())
             if not await self._apply(moves, "rebalance"):

@@ -1,25 +1,25 @@
 """Background work spread over the nodes by leases (seed 001, "Leases" and "Sharing").
 
-Every lease_ttl / 3 each node applies the same rules:
-- a topic's writer lease goes to the live node that prefers it most;
-- a topic's partition share is ceil(partitions / live nodes); a node below its share takes
-  free partition leases, most preferred first; a node above it gives back one lease of that
-  topic per round; `max_partitions` caps the partition leases one node holds.
-A node's preference for a lease is a hash of its id and the lease's scope (rendezvous
-hashing): every node computes the same preferences. Each lease has an epoch that PostgreSQL
-checks on every write made under it.
+Every lease_ttl / 3 each node applies the same rule: a topic's writer lease goes to the live
+node that prefers it most. A node's preference for a lease is a hash of its id and the
+lease's scope (rendezvous hashing): every node computes the same preferences. Each lease has
+an epoch that PostgreSQL checks on every write made under it.
 
 Work that writes a partition's stream stays on its leader. Under a writer lease a node keeps
-the topic's statistics, applies its retention (`lifecycle.py`) and tiers the partitions the
-coordinator hands it (`tiering.py`); partition
-leases host per-partition work that only reads streams (none yet: KV tablet snapshots).
+the topic's statistics, applies its retention (`lifecycle.py`), compacts it (`compaction.py`)
+and tiers the partitions the coordinator hands it (`tiering.py`).
+
+Seed 001's partition leases (per-partition work that only reads streams) are not taken: no
+work runs under them (a compacted partition's KV tablet lives on its leader), and holding one
+per partition wrote a row per partition every round however idle the cluster (issue 22).
+What a round writes follows what changed: one statement renews every lease the node holds,
+a lease is taken only where it is free, statistics rows only where a figure moved.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import uuid
 
 import trio
@@ -39,19 +39,17 @@ def writer_scope(topic_id) -> str:
     return f"writer/{topic_id}"
 
 
-def partition_scope(topic_id, partition: int) -> str:
-    return f"partition/{topic_id}/{partition}"
-
-
 def topic_of(scope: str) -> uuid.UUID:
     return uuid.UUID(scope.split("/")[1])
 
 
 class BackgroundLeases:
-    def __init__(self, node, max_partitions: int = 10_000) -> None:
+    def __init__(self, node) -> None:
         self.node = node
-        self.max_partitions = max_partitions
         self.held: dict[str, int] = {}  # scope -> lease epoch
+        # scope -> the node preferring it most, for the live set it was computed with
+        self._preferred: dict[str, int] = {}
+        self._preferred_for: tuple[int, ...] = ()
 
     async def run(self) -> None:
         interval = self.node.config.lease_ttl / 3
@@ -66,23 +64,39 @@ class BackgroundLeases:
             await trio.sleep(interval)
 
     async def _acquire(self, scopes: list[str]) -> None:
-        """Take (or renew) these leases in one round trip."""
+        """Take these free leases in one round trip (a lease another node holds stays
+        its own)."""
         node = self.node
         epochs = await node.metadata.acquire_leases(scopes, node.node_id,
                                                     node.membership.node_epoch,
                                                     ttl_s=node.config.lease_ttl)
         for scope in scopes:
             epoch = epochs.get(scope)
-            if epoch is None:
-                if self.held.pop(scope, None) is not None:
-                    log.info("lost lease %s", scope)
-            else:
+            if epoch is not None:
                 self.held[scope] = epoch
+
+    async def _renew(self) -> None:
+        """Every lease held, in one statement; those not renewed were lost."""
+        node = self.node
+        renewed = await node.metadata.renew_leases(dict(self.held), node.node_id,
+                                                   node.membership.node_epoch,
+                                                   ttl_s=node.config.lease_ttl)
+        for scope in [s for s in self.held if s not in renewed]:
+            del self.held[scope]
+            log.info("lost lease %s", scope)
 
     async def _release(self, scope: str) -> None:
         epoch = self.held.pop(scope, None)
         if epoch is not None:
             await self.node.metadata.release_lease(scope, self.node.node_id, epoch)
+
+    def _preferred_node(self, scope: str, live: tuple[int, ...]) -> int:
+        if live != self._preferred_for:
+            self._preferred, self._preferred_for = {}, live
+        preferred = self._preferred.get(scope)
+        if preferred is None:
+            preferred = self._preferred[scope] = max(live, key=lambda n: preference(n, scope))
+        return preferred
 
     async def round(self) -> None:
         node = self.node
@@ -90,55 +104,30 @@ class BackgroundLeases:
             self.held.clear()  # they expire by themselves; a new incarnation starts afresh
             return
         view = node.view
-        live = sorted(view.brokers)
+        live = tuple(sorted(view.brokers))
         if node.node_id not in live:
             return
-        holders = {lease.scope: lease.holder for lease in await node.metadata.leases()
-                   if lease.live}
-        await self._acquire(list(self.held))  # renew what we hold
-        topics = {t.topic_id for t in view.topics.values()}
-        for scope in [s for s in self.held if topic_of(s) not in topics]:
-            await self._release(scope)  # the topic is gone
+        await self._renew()
         wanted: list[str] = []
+        scopes = set()
         for topic in view.topics.values():
-            wanted += await self._writer_lease(topic, live, holders)
-            wanted += await self._partition_leases(
-                topic, live, holders, sum(1 for w in wanted if w.startswith("partition/")))
-        await self._acquire(wanted)
+            scope = writer_scope(topic.topic_id)
+            scopes.add(scope)
+            if self._preferred_node(scope, live) == node.node_id:
+                if scope not in self.held:
+                    wanted.append(scope)
+            elif scope in self.held:
+                await self._release(scope)  # give it to the node that prefers it most
+        for scope in [s for s in self.held if s not in scopes]:
+            await self._release(scope)  # the topic is gone
+        if wanted:
+            await self._acquire(wanted)
         await self._work()
 
-    async def _writer_lease(self, topic, live: list[int], holders: dict) -> list[str]:
-        scope = writer_scope(topic.topic_id)
-        preferred = max(live, key=lambda n: preference(n, scope))
-        if preferred == self.node.node_id:
-            if scope not in self.held and holders.get(scope) in (None, self.node.node_id):
-                return [scope]
-        elif scope in self.held:
-            await self._release(scope)  # give it to the node that prefers it most
-        return []
-
-    async def _partition_leases(self, topic, live: list[int], holders: dict,
-                                already_wanted: int) -> list[str]:
-        me = self.node.node_id
-        share = math.ceil(len(topic.partitions) / len(live))
-        scopes = [partition_scope(topic.topic_id, p.index) for p in topic.partitions]
-        mine = [s for s in scopes if s in self.held]
-        if len(mine) > share:
-            least = min(mine, key=lambda s: preference(me, s))
-            await self._release(least)
-            return []
-        total_held = sum(1 for s in self.held if s.startswith("partition/")) + already_wanted
-        free = sorted((s for s in scopes if s not in self.held and holders.get(s) is None),
-                      key=lambda s: preference(me, s), reverse=True)
-        return free[: max(0, min(share - len(mine), self.max_partitions - total_held))]
-
     async def _work(self) -> None:
-        """The work hosted by writer leases: each topic's statistics, fenced by the lease."""
-        for scope, epoch in list(self.held.items()):
-            if not scope.startswith("writer/"):
-                continue
-            try:
-                await self.node.metadata.write_topic_stats(topic_of(scope), scope,
-                                                           self.node.node_id, epoch)
-            except StaleEpoch:
-                self.held.pop(scope, None)
+        """The work hosted by writer leases: each topic's statistics, fenced by the lease,
+        in one statement for every topic held."""
+        writers = {topic_of(scope): epoch for scope, epoch in self.held.items()
+                   if scope.startswith("writer/")}
+        if writers:
+            await self.node.metadata.write_topics_stats(writers, self.node.node_id)

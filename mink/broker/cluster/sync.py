@@ -21,7 +21,6 @@ operations, and closes what the view no longer gives this node.
 from __future__ import annotations
 
 import logging
-import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,8 +35,10 @@ from mink.storage.streams import Streams
 
 log = logging.getLogger(__name__)
 
-# Partitions opened at once by one sync (each open is a PostgreSQL round trip).
+# Opens in flight at once in one sync (each a PostgreSQL round trip: a batch, or one open
+# that fences or takes a fresh epoch first); partitions per batched open.
 OPEN_CONCURRENCY = 8
+OPEN_BATCH = 500
 # Seconds between syncs while a partition this node should open is still held by its
 # previous leader (HeldBy).
 HELD_BY_RETRY = 0.1
@@ -86,7 +87,13 @@ def plan_open(stream: StreamInView, node_id: int, node_epoch: int,
 
 class PartitionSync:
     """Tails the change log, keeps the node's view current and opens or closes the
-    partitions the view gives this node (seed 000, "Opening a bucket")."""
+    partitions the view gives this node (seed 000, "Opening a bucket").
+
+    Both follow what changed, not what exists (issue 22): a refresh reads the topics the
+    change log names since the view's version (`MetadataStore.view_since`), and a sync looks
+    at their partitions, the partitions still waiting to open here, and those whose log was
+    closed by a refused commit; every partition only after a whole reload (the first, or
+    when the change log no longer reaches back to the view's version) or a new incarnation."""
 
     def __init__(self, node) -> None:
         self.node = node
@@ -95,12 +102,20 @@ class PartitionSync:
         self.held_by_grace = 2 * min(1.0, node.config.lease_ttl / 6)
         self._held_by: dict[tuple[uuid.UUID, int], float] = {}
         self._sync_lock = trio.Lock()
+        self._view_lock = trio.Lock()  # deltas apply one after another, in version order
         # Brokers go on being listed in Metadata this long after they were last seen live.
         self.listing_grace = max(30.0, 2 * node.config.lease_ttl)
         self._last_live: dict[int, tuple[BrokerInfo, float]] = {}
         # Set (and replaced) when the view moved or partitions opened: what a request
         # waiting for a partition still opening here waits on (`wait_for_change`).
         self._changed = trio.Event()
+        # What the next sync looks at: the partitions of topics that changed since the last
+        # one (all of them after a whole reload), and those that should be open here and
+        # are not yet (an open refused, failed or held by the previous leader).
+        self._dirty: set[tuple[uuid.UUID, int]] = set()
+        self._all_dirty = True
+        self._pending: set[tuple[uuid.UUID, int]] = set()
+        self._synced_streams: Streams | None = None  # the incarnation the last sync saw
 
     async def run(self) -> None:
         """Tail the change log; NOTIFY is only a wake-up, the poll interval the backstop
@@ -125,17 +140,43 @@ class PartitionSync:
 
     async def refresh_view(self) -> None:
         node = self.node
-        view = self._with_listed_brokers(view_from_snapshot(await node.metadata.view()))
-        # An unchanged snapshot keeps its memo of encoded answers; an older one (a slower
-        # concurrent refresh) never replaces a newer one.
-        if view != node.view and view.version >= node.view.version:
-            node.view = view
+        await self._apply_view_changes()
         await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
         await node.authorizer.refresh(node.view.version)  # ACLs, likewise
         await self.sync_partitions()
         self._announce_change()
         node.coordinator.on_view(node.view)  # a node draining: the holder ticks at once
         node.groups.on_view()  # load or drop the groups of __consumer_offsets partitions
+
+    async def _apply_view_changes(self) -> None:
+        """The view made current from what changed since its version. An unchanged view
+        stays the same object (its memo of encoded answers with it)."""
+        node = self.node
+        async with self._view_lock:
+            base = node.view
+            delta = await node.metadata.view_since(base.version)
+            brokers = _brokers(delta.nodes)
+            listed = self._listed(brokers)
+            if not delta.complete:
+                node.view = ClusterView(
+                    version=delta.version, cluster_id=delta.cluster_id, brokers=brokers,
+                    topics={t.name: _topic_info(t) for t in delta.topics},
+                    coordinator=delta.coordinator, listed_brokers=listed)
+                self._all_dirty = True
+                return
+            if (not delta.changed and delta.version == base.version and brokers == base.brokers
+                    and delta.coordinator == base.coordinator
+                    and listed == base.listed_brokers):
+                return
+            topics = [_topic_info(t) for t in delta.topics]
+            for topic_id in delta.changed:
+                old = base.topic_by_id(topic_id)
+                if old is not None:
+                    self._dirty.update((topic_id, p.index) for p in old.partitions)
+            for topic in topics:
+                self._dirty.update((topic.topic_id, p.index) for p in topic.partitions)
+            node.view = base.with_changes(delta.version, brokers, delta.coordinator, listed,
+                                          delta.changed, topics)
 
     async def wait_for_change(self) -> None:
         """Until the view moves or this node opens partitions (callers bound the wait)."""
@@ -145,15 +186,28 @@ class PartitionSync:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
-    def _with_listed_brokers(self, view: ClusterView) -> ClusterView:
+    def _listed(self, brokers: dict[int, BrokerInfo]) -> dict[int, BrokerInfo]:
+        """The brokers Metadata lists: the live ones and those live within the grace."""
         now = trio.current_time()
-        for broker in view.brokers.values():
+        for broker in brokers.values():
             self._last_live[broker.node_id] = (broker, now)
         for node_id, (_, seen) in list(self._last_live.items()):
             if now - seen > self.listing_grace:
                 del self._last_live[node_id]
-        listed = {node_id: broker for node_id, (broker, _) in self._last_live.items()}
-        return dataclasses.replace(view, listed_brokers=listed)
+        return {node_id: broker for node_id, (broker, _) in self._last_live.items()}
+
+    def _candidates(self, streams: Streams) -> set[tuple[uuid.UUID, int]]:
+        """The partitions this sync looks at (and forgets what made them dirty)."""
+        view, me = self.node.view, self.node.node_id
+        if self._all_dirty or streams is not self._synced_streams:
+            self._all_dirty = False
+            self._synced_streams = streams
+            self._dirty.clear()
+            return {(t.topic_id, p.index) for t in view.topics.values() for p in t.partitions
+                    if p.leader == me} | set(streams.logs) | set(streams.closed_here)
+        candidates = self._dirty | self._pending | set(streams.closed_here)
+        self._dirty = set()
+        return candidates
 
     async def sync_partitions(self) -> None:
         """Open the partitions the view says this node leads; close the others (seed 000,
@@ -163,96 +217,149 @@ class PartitionSync:
         if streams is None or not node.membership.leading:
             return
         async with self._sync_lock:
-            wanted: set[tuple[uuid.UUID, int]] = set()
-            to_open = []
-            # Streams still marked open by this incarnation whose log is closed already (a
-            # commit refused once the partition moved closes the log before the view shows
-            # the move): mark them closed too, or the new leader waits out the HeldBy grace.
-            left_open = []
-            for topic in node.view.topics.values():
-                for p in topic.partitions:
-                    if (p.leader != node.node_id and p.stream_open
-                            and p.opened_by_node == node.node_id
-                            and p.opened_by_epoch == streams.node_epoch
-                            and p.open_leader_epoch is not None
-                            and (topic.topic_id, p.index) not in streams.logs):
-                        left_open.append(((topic.topic_id, p.index), p.open_leader_epoch))
-                    if p.leader == node.node_id:
-                        wanted.add((topic.topic_id, p.index))
-                        partition_log = streams.get(topic.topic_id, p.index)
-                        if partition_log is None or partition_log.closed is not None or (
-                                partition_log.leader_epoch < p.leader_epoch):
-                            to_open.append((topic, p))
-            opening = {(topic.topic_id, p.index) for topic, p in to_open}
+            view, me = node.view, node.node_id
+            to_open: list[tuple[tuple[uuid.UUID, int], TopicInfo, PartitionInfo]] = []
+            handed_over: list[tuple[tuple[uuid.UUID, int], int]] = []
+            for key in self._candidates(streams):
+                p = view.partition(*key)
+                partition_log = streams.logs.get(key)
+                if p is not None and p.leader == me:
+                    if partition_log is None or partition_log.closed is not None or (
+                            partition_log.leader_epoch < p.leader_epoch):
+                        to_open.append((key, view.topic_by_id(key[0]), p))
+                    continue
+                if partition_log is not None:
+                    handed_over.append((key, partition_log.leader_epoch))
+                    streams.close(*key)
+                elif key in streams.closed_here:
+                    # Closed here by a refused commit (the partition moved before the view
+                    # showed it): mark its stream closed too, or the new leader waits out
+                    # the HeldBy grace.
+                    handed_over.append((key, streams.closed_here[key]))
+                streams.closed_here.pop(key, None)
+            opening = {key for key, _, _ in to_open}
+            self._pending = opening
             for key in [k for k in self._held_by if k not in opening]:
                 del self._held_by[key]  # moved on meanwhile
-            handed_over = left_open
-            for key in [k for k in streams.logs if k not in wanted]:
-                handed_over.append((key, streams.logs[key].leader_epoch))
-                streams.close(*key)
-            if to_open or handed_over:
-                # Several opens at once: a new 10,000-partition topic is one round trip each.
-                limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
-                async with trio.open_nursery() as nursery:
-                    for key, leader_epoch in handed_over:
-                        nursery.start_soon(self._close_stream, limiter, streams, key,
-                                           leader_epoch)
-                    for topic, p in to_open:
-                        nursery.start_soon(self._open_within, limiter, streams, topic, p)
-                if to_open:  # compacted partitions among them get their tablets at once
-                    node.tablets.partitions_opened()
+            if handed_over:
+                await self._close_streams(streams, handed_over)
+            if to_open:
+                await self._open_all(streams, to_open)
+                self._pending = {key for key in opening if not self._is_open(streams, key)}
+                node.tablets.partitions_opened()  # compacted ones get their tablets at once
 
-    async def _open_within(self, limiter: trio.CapacityLimiter, streams: Streams,
-                           topic: TopicInfo, p: PartitionInfo) -> None:
-        async with limiter:
-            try:
-                await self._open(streams, topic, p)
-            except md.MetadataError as exc:  # the next sync tries again
-                log.warning("opening %s-%d failed: %s", topic.name, p.index, exc)
-            except Exception:  # one partition's trouble must not take the node down
-                log.exception("opening %s-%d failed", topic.name, p.index)
+    def _is_open(self, streams: Streams, key: tuple[uuid.UUID, int]) -> bool:
+        partition_log = streams.logs.get(key)
+        p = self.node.view.partition(*key)
+        return partition_log is not None and partition_log.closed is None and (
+            p is None or partition_log.leader_epoch >= p.leader_epoch)
 
-    async def _close_stream(self, limiter: trio.CapacityLimiter, streams: Streams,
-                            key: tuple[uuid.UUID, int], leader_epoch: int) -> None:
-        """A clean hand-over: mark the stream closed, so the new leader opens it at once
+    async def _close_streams(self, streams: Streams,
+                             handed_over: list[tuple[tuple[uuid.UUID, int], int]]) -> None:
+        """A clean hand-over: mark the streams closed, so the new leaders open them at once
         instead of waiting out the HeldBy grace. Safe at any time: the partition-row lock
         orders it with this node's commits (one landing after it is refused,
-        not_open_by_node), and it changes nothing unless this incarnation opened it at this
-        leader epoch."""
+        not_open_by_node), and it changes nothing unless this incarnation opened it at that
+        leader epoch. One statement for them all."""
         node = self.node
+        try:
+            with trio.move_on_after(node.config.lease_ttl / 3):
+                await node.metadata.close_streams(
+                    [(key[0], key[1], epoch) for key, epoch in handed_over], node.node_id,
+                    streams.node_epoch)
+        except md.MetadataError as exc:  # the new leaders open after the grace anyway
+            log.info("closing the streams of %d partitions failed: %s", len(handed_over), exc)
+
+    async def _open_all(self, streams: Streams, to_open: list) -> None:
+        """Seed 000's "opening a bucket" for each partition, planned from its stream state
+        read now (one statement for all); the plain opens (the common case: nothing to
+        fence, no fresh epoch) go in batches of OPEN_BATCH, one round trip each."""
+        node = self.node
+        membership = node.membership
+        try:
+            states = {}
+            for start in range(0, len(to_open), OPEN_BATCH):
+                states.update(await node.metadata.stream_states(
+                    [key for key, _, _ in to_open[start:start + OPEN_BATCH]]))
+        except md.MetadataError as exc:  # the next sync tries again
+            log.warning("reading the stream states of %d partitions failed: %s",
+                        len(to_open), exc)
+            return
+        now = trio.current_time()
+        live_epochs = {b.node_id: b.epoch for b in node.view.brokers.values()}
+        plain: list[tuple[tuple[uuid.UUID, int], TopicInfo, int]] = []
+        special = []
+        for key, topic, p in to_open:
+            state = states.get(key)
+            if state is None or state.leader_node != node.node_id:
+                continue  # deleted or moved meanwhile: the view catches up
+            stream = StreamInView(state.leader_epoch, state.stream_state == "open",
+                                  state.opened_by_node, state.opened_by_epoch,
+                                  state.open_leader_epoch)
+            # A draining opener handed the partition over on purpose: no grace. Waiting
+            # would buy nothing: its commits at the old leader epoch are refused anyway.
+            opener = (node.view.brokers.get(state.opened_by_node)
+                      if state.opened_by_node else None)
+            grace = 0.0 if opener is not None and opener.draining else self.held_by_grace
+            plan = plan_open(stream, node.node_id, membership.node_epoch, live_epochs,
+                             now - self._held_by.get(key, now), grace)
+            if plan.held_by:
+                self._held_by.setdefault(key, now)  # the other node has not seen the move
+                continue
+            self._held_by.pop(key, None)
+            if plan.fence is None and not plan.fresh_epoch:
+                plain.append((key, topic, state.leader_epoch))
+            else:
+                special.append((key, topic, state.leader_epoch, plan))
+        limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
+        async with trio.open_nursery() as nursery:
+            for start in range(0, len(plain), OPEN_BATCH):
+                nursery.start_soon(self._open_batch, limiter, streams,
+                                   plain[start:start + OPEN_BATCH])
+            for key, topic, leader_epoch, plan in special:
+                nursery.start_soon(self._open_within, limiter, streams, key, topic,
+                                   leader_epoch, plan)
+
+    async def _open_batch(self, limiter: trio.CapacityLimiter, streams: Streams,
+                          batch: list[tuple[tuple[uuid.UUID, int], TopicInfo, int]]) -> None:
+        async with limiter:
+            if not self._still(streams):
+                return
+            names = {key: topic.name for key, topic, _ in batch}
+            try:
+                results = await streams.open_many([(key[0], key[1], leader_epoch)
+                                                   for key, _, leader_epoch in batch])
+            except md.MetadataError as exc:  # the next sync tries again
+                log.warning("opening %d partitions failed: %s", len(batch), exc)
+                return
+            refused = {key: exc for key, exc in results.items() if isinstance(exc, Exception)}
+            for key, exc in refused.items():
+                log.info("not opening %s-%d: %s", names[key], key[1], exc)
+            if len(refused) < len(results):
+                self._announce_change()  # a Produce waiting for one goes on
+
+    async def _open_within(self, limiter: trio.CapacityLimiter, streams: Streams,
+                           key: tuple[uuid.UUID, int], topic: TopicInfo, leader_epoch: int,
+                           plan: OpenPlan) -> None:
         async with limiter:
             try:
-                with trio.move_on_after(node.config.lease_ttl / 3):
-                    await node.metadata.close_stream(key[0], key[1], leader_epoch,
-                                                     node.node_id, streams.node_epoch)
-            except md.MetadataError as exc:  # the new leader opens after the grace anyway
-                log.info("closing the stream of %s-%d failed: %s", key[0], key[1], exc)
+                await self._open(streams, key, topic, leader_epoch, plan)
+            except md.MetadataError as exc:  # the next sync tries again
+                log.warning("opening %s-%d failed: %s", topic.name, key[1], exc)
+            except Exception:  # one partition's trouble must not take the node down
+                log.exception("opening %s-%d failed", topic.name, key[1])
 
     def _still(self, streams: Streams) -> bool:
         """Whether the incarnation that started an open is still the current one."""
         return self.node.membership.leading and self.node.streams is streams
 
-    async def _open(self, streams: Streams, topic: TopicInfo,
-                    p: PartitionInfo) -> PartitionLog | None:
+    async def _open(self, streams: Streams, key: tuple[uuid.UUID, int], topic: TopicInfo,
+                    leader_epoch: int, plan: OpenPlan) -> PartitionLog | None:
+        """An open that fences a dead opener or takes a fresh leader epoch first."""
         node = self.node
         membership = node.membership
-        key = (topic.topic_id, p.index)
-        leader_epoch = p.leader_epoch
-        now = trio.current_time()
-        stream = StreamInView(p.leader_epoch, p.stream_open, p.opened_by_node,
-                              p.opened_by_epoch, p.open_leader_epoch)
-        live_epochs = {b.node_id: b.epoch for b in node.view.brokers.values()}
-        # A draining opener handed the partition over on purpose: no grace. Waiting would buy
-        # nothing: its commits at the old leader epoch are refused since the move anyway.
-        opener = node.view.brokers.get(p.opened_by_node) if p.opened_by_node else None
-        grace = 0.0 if opener is not None and opener.draining else self.held_by_grace
-        plan = plan_open(stream, node.node_id, membership.node_epoch, live_epochs,
-                         now - self._held_by.get(key, now), grace)
+        topic_id, index = key
         try:
-            if plan.held_by:
-                self._held_by.setdefault(key, now)
-                return None  # HeldBy: the other node has not seen the move yet
-            self._held_by.pop(key, None)
             if plan.fence is not None:
                 # Opened by a dead node: fence its epoch so its late commits are refused.
                 await node.metadata.fence_node(*plan.fence)
@@ -262,35 +369,38 @@ class PartitionSync:
                 # Its own fenced operation (node epoch, leadership, expected leader epoch),
                 # not a coordinator action: no coordinator action runs without its epoch.
                 leader_epoch = await node.metadata.relead_own_partition(
-                    topic.topic_id, p.index, node.node_id, membership.node_epoch,
+                    topic_id, index, node.node_id, membership.node_epoch,
                     expected_leader_epoch=leader_epoch)
             if not self._still(streams):
                 return None  # this node stopped leading meanwhile
-            opened = await streams.open(topic.topic_id, p.index, leader_epoch)
+            opened = await streams.open(topic_id, index, leader_epoch)
             self._announce_change()  # a Produce waiting for it goes on (handlers/produce.py)
             return opened
         except md.NodeAlive:
             return None
         except (md.LeaderMoved, StaleEpoch, md.UnknownTopic) as exc:
-            log.info("not opening %s-%d: %s", topic.name, p.index, exc)
+            log.info("not opening %s-%d: %s", topic.name, index, exc)
             return None
+
+
+def _brokers(nodes: list[md.NodeInfo]) -> dict[int, BrokerInfo]:
+    return {n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch,
+                                  tuple((e[0], e[2], e[3]) for e in n.endpoints),
+                                  n.draining is not None)
+            for n in nodes}
+
+
+def _topic_info(t: md.TopicView) -> TopicInfo:
+    return TopicInfo(t.topic_id, t.name, tuple(
+        PartitionInfo(p.partition, p.leader_node, p.leader_epoch) for p in t.partitions),
+        dict(t.config))
 
 
 def view_from_snapshot(snapshot: md.View) -> ClusterView:
     return ClusterView(
         version=snapshot.version,
         cluster_id=snapshot.cluster_id,
-        brokers={n.node_id: BrokerInfo(n.node_id, n.host, n.port, n.rack, n.epoch,
-                                       tuple((e[0], e[2], e[3]) for e in n.endpoints),
-                                       n.draining is not None)
-                 for n in snapshot.nodes},
-        topics={
-            t.name: TopicInfo(t.topic_id, t.name, tuple(
-                PartitionInfo(p.partition, p.leader_node, p.leader_epoch,
-                              p.stream_state == "open", p.opened_by_node, p.opened_by_epoch,
-                              p.open_leader_epoch)
-                for p in t.partitions), dict(t.config))
-            for t in snapshot.topics
-        },
+        brokers=_brokers(snapshot.nodes),
+        topics={t.name: _topic_info(t) for t in snapshot.topics},
         coordinator=snapshot.coordinator,
     )

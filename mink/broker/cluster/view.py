@@ -1,10 +1,16 @@
 """The node's view of the cluster: an immutable snapshot of the control-plane state in
-PostgreSQL, replaced whole by the sync task whenever the change log moves. Handlers read
-one snapshot per request, so they never see half of a change."""
+PostgreSQL. Handlers read one snapshot per request, so they never see half of a change.
+
+The sync task replaces it when the change log moves, by deltas (`with_changes`): a new
+snapshot shares every topic that did not change with the one before, so a change costs what
+changed, not what exists (issue 22). Stream states (who has a partition open) are not in
+it: opening writes no change-log row, so the view could only show them stale; the sync reads
+them from PostgreSQL for the partitions it opens."""
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -38,11 +44,6 @@ class PartitionInfo:
     index: int
     leader: int | None
     leader_epoch: int
-    # The stream's state in PostgreSQL: who opened it last, at which epochs.
-    stream_open: bool = False
-    opened_by_node: int | None = None
-    opened_by_epoch: int | None = None
-    open_leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,9 @@ class ClusterView:
     # Responses computed from this snapshot (encoded Metadata answers): they live and die
     # with it, so they are never stale.
     memo: dict = field(default_factory=dict, compare=False, repr=False)
+    # Indexes of the topics (by id; partitions per leader), carried over from the snapshot
+    # before by `with_changes`, else built at first use.
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def controller_id(self) -> int:
@@ -87,7 +91,58 @@ class ClusterView:
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
         # Fetch v13+ names every topic by id: one dict per snapshot, not a scan per topic.
-        by_id = self.memo.get("topics_by_id")
+        return self._by_id().get(topic_id)
+
+    def _by_id(self) -> dict[uuid.UUID, TopicInfo]:
+        by_id = self.derived.get("by_id")
         if by_id is None:
-            by_id = self.memo["topics_by_id"] = {t.topic_id: t for t in self.topics.values()}
-        return by_id.get(topic_id)
+            by_id = self.derived["by_id"] = {t.topic_id: t for t in self.topics.values()}
+        return by_id
+
+    def partition(self, topic_id: uuid.UUID, index: int) -> PartitionInfo | None:
+        topic = self._by_id().get(topic_id)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            return None
+        return topic.partitions[index]
+
+    def leader_counts(self) -> Counter:
+        """Partitions per leader node (None: no leader), so "does a dead or draining node
+        still lead something" costs one look per node, not a scan of every partition."""
+        counts = self.derived.get("leaders")
+        if counts is None:
+            counts = self.derived["leaders"] = Counter(
+                p.leader for t in self.topics.values() for p in t.partitions)
+        return counts
+
+    def leads_any(self, node_id: int) -> bool:
+        return self.leader_counts()[node_id] > 0
+
+    def with_changes(self, version: int, brokers: dict[int, BrokerInfo],
+                     coordinator: int | None, listed_brokers: dict[int, BrokerInfo],
+                     changed: list[uuid.UUID], topics: list[TopicInfo]) -> ClusterView:
+        """The next snapshot: the topics named in `changed` replaced by those of `topics`
+        (a changed id absent from `topics` was deleted), every other topic shared with this
+        one; the indexes updated for the changed topics only. Topics stay in name order."""
+        by_id = dict(self._by_id())
+        leaders = Counter(self.leader_counts())
+        names = dict(self.topics)
+        kept = {t.topic_id for t in topics}
+        for topic_id in changed:
+            old = by_id.pop(topic_id, None)
+            if old is not None:
+                if topic_id not in kept and names.get(old.name) is old:
+                    del names[old.name]  # deleted (a changed topic keeps its place)
+                leaders.subtract(p.leader for p in old.partitions)
+        last = next(reversed(names), None)
+        in_order = True
+        for topic in topics:
+            if topic.name not in names and last is not None and topic.name < last:
+                in_order = False
+            names[topic.name] = by_id[topic.topic_id] = topic
+            leaders.update(p.leader for p in topic.partitions)
+        if not in_order:
+            names = dict(sorted(names.items()))
+        return ClusterView(version=version, cluster_id=self.cluster_id, brokers=brokers,
+                           topics=names, coordinator=coordinator,
+                           listed_brokers=listed_brokers,
+                           derived={"by_id": by_id, "leaders": +leaders})  # + drops zeros

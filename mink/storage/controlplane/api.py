@@ -179,6 +179,19 @@ class View(msgspec.Struct, frozen=True):
     topics: list[TopicView]      # live topics, by name
 
 
+class ViewDelta(msgspec.Struct, frozen=True):
+    """What changed since a view version (`view_since`), from one snapshot."""
+    version: int
+    cluster_id: str
+    coordinator: int | None
+    nodes: list[NodeInfo]        # live nodes, always (liveness changes with time alone)
+    # True: `changed` names every topic the change log names since the version and `topics`
+    # holds those still live; False: `topics` is every live topic (a whole view).
+    complete: bool
+    changed: list[uuid.UUID] | None
+    topics: list[TopicView]
+
+
 class StreamState(msgspec.Struct, frozen=True):
     topic_id: uuid.UUID
     partition: int

@@ -68,6 +68,7 @@ from mink.storage.controlplane.api import (
     UnknownNode,
     UnknownTopic,
     View,
+    ViewDelta,
     WalObject,
 )
 from mink.storage.controlplane.listener import Listener
@@ -104,12 +105,21 @@ class _StoredOutcome(msgspec.Struct):
 _json_encoder = msgspec.json.Encoder()
 _outcome_decoder = msgspec.json.Decoder(_StoredOutcome)
 _view_decoder = msgspec.json.Decoder(View)
+_view_delta_decoder = msgspec.json.Decoder(ViewDelta)
 
 
 def _topic_info(row) -> TopicRecord:
     """A topics row; its config holds client strings in pgtext's encoding."""
     topic_id, name, partitions, config, created_at = row
     return TopicRecord(topic_id, name, partitions, dict_from_pg(config), created_at)
+
+
+def _with_configs(view):
+    """A View or ViewDelta with topic configs stored escaped (pgtext) decoded."""
+    if any(_config_escaped(t.config) for t in view.topics):
+        view = msgspec.structs.replace(view, topics=[
+            msgspec.structs.replace(t, config=dict_from_pg(t.config)) for t in view.topics])
+    return view
 
 
 def _config_escaped(config: dict) -> bool:
@@ -155,6 +165,21 @@ SQL_RENEW_LEASE = """
 UPDATE leases SET expires_at = now() + %s::float8 * interval '1 second'
  WHERE scope = %s AND holder = %s AND epoch = %s AND expires_at > now()
 RETURNING epoch"""
+# Several leases this node holds, in one statement (none renewed unless the node is live at
+# its epoch); rows locked in scope order.
+SQL_RENEW_LEASES = """
+WITH held AS (
+    SELECT l.scope FROM leases AS l
+      JOIN unnest(%(scopes)s::text[], %(epochs)s::bigint[]) AS h(scope, epoch)
+        ON l.scope = h.scope AND l.epoch = h.epoch
+     WHERE l.holder = %(node)s AND l.expires_at > now()
+       AND EXISTS (SELECT 1 FROM nodes WHERE node_id = %(node)s AND epoch = %(node_epoch)s
+                                         AND expires_at > now())
+     ORDER BY l.scope
+       FOR UPDATE OF l)
+UPDATE leases AS l SET expires_at = now() + %(ttl)s::float8 * interval '1 second'
+  FROM held WHERE l.scope = held.scope
+RETURNING l.scope, l.epoch"""
 SQL_RELEASE_LEASE = """
 UPDATE leases SET expires_at = '-infinity'
  WHERE scope = %s AND holder = %s AND epoch = %s AND expires_at > now()
@@ -174,11 +199,9 @@ SELECT {_TOPIC_COLUMNS} FROM mink_create_partitions(%s::text, %s::int, %s::int[]
 SQL_GET_TOPICS = f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE deleted_at IS NULL ORDER BY name"
 SQL_GET_TOPIC = f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE deleted_at IS NULL AND name = %s"
 
-# The whole view in one statement (one snapshot), as JSON decoded straight into View.
-SQL_VIEW = """
-SELECT json_build_object(
-    'version', c.view_version,
-    'cluster_id', c.cluster_id,
+# The view's parts as JSON: the live nodes (with their listeners) and the coordinator lease's
+# holder; a topic row `t` with its partitions.
+_NODES_JSON = """
     'coordinator', (SELECT l.holder FROM leases AS l
                      WHERE l.scope = 'coordinator' AND l.expires_at > now()),
     'nodes', coalesce((
@@ -191,20 +214,51 @@ SELECT json_build_object(
                                        ORDER BY e.listener_name)
                          FROM node_endpoints AS e WHERE e.node_id = n.node_id), '[]'))
                    ORDER BY n.node_id)
-          FROM nodes AS n WHERE n.expires_at > now()), '[]'),
-    'topics', coalesce((
-        SELECT json_agg(json_build_object(
+          FROM nodes AS n WHERE n.expires_at > now()), '[]')"""
+_TOPIC_JSON = """json_build_object(
                    'topic_id', t.topic_id, 'name', t.name, 'config', t.config,
                    'partitions', coalesce((
                        SELECT json_agg(json_build_array(
                                   p.partition, p.leader_node, p.leader_epoch, p.stream_state,
                                   p.opened_by_node, p.opened_by_epoch, p.open_leader_epoch)
                                   ORDER BY p.partition)
-                         FROM partitions AS p WHERE p.topic_id = t.topic_id), '[]')
-               ) ORDER BY t.name)
+                         FROM partitions AS p WHERE p.topic_id = t.topic_id), '[]'))"""
+# The whole view in one statement (one snapshot), as JSON decoded straight into View.
+SQL_VIEW = f"""
+SELECT json_build_object(
+    'version', c.view_version,
+    'cluster_id', c.cluster_id,{_NODES_JSON},
+    'topics', coalesce((
+        SELECT json_agg({_TOPIC_JSON} ORDER BY t.name)
           FROM topics AS t WHERE t.deleted_at IS NULL), '[]')
 )::text
   FROM cluster AS c"""
+# What changed since a version (one statement, one snapshot), decoded into ViewDelta: the
+# nodes and the coordinator always; the topics the change log names after the version, or
+# every topic when it no longer holds every row after it (pruned) or no version is held (-1).
+# Versions have no gaps, so the log is whole after `since` when it has view_version - since
+# rows there.
+SQL_VIEW_SINCE = f"""
+WITH log AS (SELECT body FROM change_log WHERE version > %(since)s),
+     c AS (SELECT view_version, cluster_id,
+                  %(since)s >= 0 AND (SELECT count(*) FROM log) = view_version - %(since)s
+                      AS complete
+             FROM cluster),
+     changed AS (SELECT DISTINCT (body->>'topic_id')::uuid AS topic_id FROM log
+                  WHERE body ? 'topic_id')
+SELECT json_build_object(
+    'version', c.view_version,
+    'cluster_id', c.cluster_id,
+    'complete', c.complete,{_NODES_JSON},
+    'changed', CASE WHEN c.complete
+                    THEN coalesce((SELECT json_agg(topic_id) FROM changed), '[]') END,
+    'topics', coalesce((
+        SELECT json_agg({_TOPIC_JSON} ORDER BY t.name)
+          FROM topics AS t
+         WHERE t.deleted_at IS NULL
+           AND (NOT c.complete OR t.topic_id IN (SELECT topic_id FROM changed))), '[]')
+)::text
+  FROM c"""
 
 SQL_LEAD_PARTITION = "SELECT mink_lead_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"
 SQL_RELEAD_OWN_PARTITION = """
@@ -221,6 +275,10 @@ SELECT {_STREAM_COLUMNS} FROM mink_open_stream(%s::uuid, %s::int, %s::int, %s::i
 SQL_OPEN_STREAM_WITH_PRODUCERS = "SELECT " + ", ".join(
     f"(stream).{c.strip()}" for c in _STREAM_COLUMNS.split(",")) + """, producers::text
   FROM mink_open_stream_with_producers(%s::uuid, %s::int, %s::int, %s::int, %s::bigint)"""
+SQL_OPEN_STREAMS = "SELECT o_topic_id, o_partition, o_refusal, o_message, o_detail, " + \
+    ", ".join(f"(o_stream).{c.strip()}" for c in _STREAM_COLUMNS.split(",")) + """,
+       o_producers::text
+  FROM mink_open_streams(%s::uuid[], %s::int[], %s::int[], %s::int, %s::bigint)"""
 SQL_CLOSE_STREAM = """
 UPDATE partitions SET stream_state = 'closed'
  WHERE topic_id = %(topic_id)s AND partition = %(partition)s AND stream_state = 'open'
@@ -228,8 +286,27 @@ UPDATE partitions SET stream_state = 'closed'
    AND open_leader_epoch = %(leader_epoch)s
    AND EXISTS (SELECT 1 FROM nodes WHERE node_id = %(node)s AND epoch = %(node_epoch)s)
 RETURNING partition"""
+# Several at once; the rows locked in (topic_id, partition) order, as CommitWal locks them.
+SQL_CLOSE_STREAMS = """
+WITH target AS (
+    SELECT p.topic_id, p.partition FROM partitions AS p
+      JOIN unnest(%(topic_ids)s::uuid[], %(partitions)s::int[], %(epochs)s::int[])
+           AS c(topic_id, partition, leader_epoch)
+        ON p.topic_id = c.topic_id AND p.partition = c.partition
+       AND p.open_leader_epoch = c.leader_epoch
+     WHERE p.stream_state = 'open' AND p.opened_by_node = %(node)s
+       AND p.opened_by_epoch = %(node_epoch)s
+       AND EXISTS (SELECT 1 FROM nodes WHERE node_id = %(node)s AND epoch = %(node_epoch)s)
+     ORDER BY p.topic_id, p.partition
+       FOR UPDATE OF p)
+UPDATE partitions AS p SET stream_state = 'closed'
+  FROM target WHERE p.topic_id = target.topic_id AND p.partition = target.partition
+RETURNING p.partition"""
 SQL_STREAM_STATE = f"""
 SELECT {_STREAM_COLUMNS} FROM partitions WHERE topic_id = %s AND partition = %s"""
+SQL_STREAM_STATES = f"""
+SELECT {_STREAM_COLUMNS} FROM partitions
+ WHERE (topic_id, partition) IN (SELECT * FROM unnest(%s::uuid[], %s::int[]))"""
 
 SQL_COMMIT_WAL = """
 SELECT object_key, object_outcome::text, repeated
@@ -291,6 +368,27 @@ ON CONFLICT (topic_id) DO UPDATE
         computed_by = excluded.computed_by, lease_epoch = excluded.lease_epoch,
         computed_at = now()
 RETURNING s.topic_id"""
+# The statistics of every topic whose writer lease this node holds (at the epochs given), in
+# one statement; a row is written only when a figure changed, so an idle cluster writes none.
+SQL_WRITE_TOPICS_STATS = """
+INSERT INTO topic_stats AS s (topic_id, partitions, records, bytes, computed_by, lease_epoch)
+SELECT h.topic_id, count(*), coalesce(sum(p.committed_end - p.log_start_offset), 0),
+       (SELECT coalesce(sum(x.indexed_bytes), 0) FROM partition_stats AS x
+         WHERE x.topic_id = h.topic_id), %(node)s, h.epoch
+  FROM unnest(%(topics)s::uuid[], %(epochs)s::bigint[]) AS h(topic_id, epoch)
+  JOIN partitions AS p ON p.topic_id = h.topic_id
+ WHERE EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.scope = 'writer/' || h.topic_id::text AND l.holder = %(node)s
+                  AND l.epoch = h.epoch AND l.expires_at > now())
+ GROUP BY h.topic_id, h.epoch
+ON CONFLICT (topic_id) DO UPDATE
+    SET partitions = excluded.partitions, records = excluded.records, bytes = excluded.bytes,
+        computed_by = excluded.computed_by, lease_epoch = excluded.lease_epoch,
+        computed_at = now()
+    WHERE (s.partitions, s.records, s.bytes, s.computed_by, s.lease_epoch)
+          IS DISTINCT FROM (excluded.partitions, excluded.records, excluded.bytes,
+                            excluded.computed_by, excluded.lease_epoch)
+RETURNING s.topic_id"""
 SQL_TOPIC_STATS = """
 SELECT topic_id, partitions, records, bytes FROM topic_stats"""
 SQL_PRODUCER_ID_ISSUED = """
@@ -327,17 +425,22 @@ def _domain_error(e: psycopg.Error) -> MetadataError | None:
     """The refusal a SQL function raised (SQLSTATE MKnnn, see 0002_operations.sql)."""
     state = e.sqlstate
     message = e.diag.message_primary or ""
+    if state == "23505" and e.diag.constraint_name in ("topics_live_name", "topics_pkey"):
+        return TopicExists(e.diag.message_detail or message)
+    return _refusal(state, message, e.diag.message_detail)
+
+
+def _refusal(state: str | None, message: str, detail: str | None) -> MetadataError | None:
+    """The MetadataError of a refusal's SQLSTATE (MKnnn), message and detail."""
     if state == "MK001":
         return StaleEpoch(message)
     if state == "MK002":
-        detail = msgspec.json.decode(e.diag.message_detail or "{}")
-        return LeaderMoved(message, detail.get("leader_node"), detail.get("leader_epoch"))
+        fields = msgspec.json.decode(detail or "{}")
+        return LeaderMoved(message, fields.get("leader_node"), fields.get("leader_epoch"))
     if state == "MK003":
         return UnknownTopic(message)
     if state == "MK004":
         return TopicExists(message)
-    if state == "23505" and e.diag.constraint_name in ("topics_live_name", "topics_pkey"):
-        return TopicExists(e.diag.message_detail or message)
     if state == "MK005":
         return InvalidPartitions(message)
     if state == "MK006":
@@ -345,7 +448,7 @@ def _domain_error(e: psycopg.Error) -> MetadataError | None:
     if state == "MK007":
         return NodeAlive(message)
     if state == "MK008":
-        return NodeIdInUse(message, msgspec.json.decode(e.diag.message_detail or "{}"))
+        return NodeIdInUse(message, msgspec.json.decode(detail or "{}"))
     return None
 
 
@@ -743,6 +846,18 @@ class MetadataStore:
         row = await self.fetch_one(IDEMPOTENT, SQL_RELEASE_LEASE, (scope, node_id, lease_epoch))
         return row is not None
 
+    async def renew_leases(self, held: dict[str, int], node_id: int, node_epoch: int, *,
+                           ttl_s: float) -> dict[str, int]:
+        """Renew leases this node holds (scope -> lease epoch) in one statement: the scopes
+        renewed, with their epochs; a missing one was lost (expired, taken, or this node's
+        epoch is stale)."""
+        if not held:
+            return {}
+        rows = await self.fetch_all(IDEMPOTENT, SQL_RENEW_LEASES, {
+            "scopes": list(held), "epochs": list(held.values()), "node": node_id,
+            "node_epoch": node_epoch, "ttl": ttl_s})
+        return {scope: epoch for scope, epoch in rows}
+
     async def leases(self, prefix: str = "") -> list[LeaseInfo]:
         pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         return [LeaseInfo(*r) for r in await self.fetch_all(READ, SQL_LEASES, (pattern,))]
@@ -755,6 +870,14 @@ class MetadataStore:
             "topic": topic_id, "scope": scope, "node": node_id, "epoch": lease_epoch})
         if row is None:
             raise StaleEpoch("lease_lost")
+
+    async def write_topics_stats(self, writers: dict[uuid.UUID, int], node_id: int) -> int:
+        """write_topic_stats for every topic id -> writer lease epoch in one statement; a
+        topic whose lease `node_id` no longer holds at that epoch is skipped. How many rows
+        changed."""
+        rows = await self.fetch_all(WRITE, SQL_WRITE_TOPICS_STATS, {
+            "topics": list(writers), "epochs": list(writers.values()), "node": node_id})
+        return len(rows)
 
     async def topic_stats(self) -> dict[uuid.UUID, tuple[int, int, int]]:
         """topic id -> (partitions, records, bytes), as last computed by its writer."""
@@ -806,11 +929,17 @@ class MetadataStore:
         a change-log row."""
         row = await self.fetch_one(READ, SQL_VIEW)
         assert row is not None
-        view = _view_decoder.decode(row[0])
-        if any(_config_escaped(t.config) for t in view.topics):
-            view = msgspec.structs.replace(view, topics=[
-                msgspec.structs.replace(t, config=dict_from_pg(t.config)) for t in view.topics])
-        return view
+        return _with_configs(_view_decoder.decode(row[0]))
+
+    async def view_since(self, version: int) -> ViewDelta:
+        """What a holder of the view at `version` needs to be current (-1: it holds nothing):
+        the live nodes and the coordinator, and the topics the change log names after that
+        version (those still live; `changed` names them all, deleted ones too), or, when the
+        log no longer reaches back that far, every topic (`complete` false). One snapshot;
+        its cost follows what changed, not how many topics exist."""
+        row = await self.fetch_one(READ, SQL_VIEW_SINCE, {"since": version})
+        assert row is not None
+        return _with_configs(_view_delta_decoder.decode(row[0]))
 
     # -- leaders and streams -------------------------------------------------------------------
 
@@ -875,6 +1004,26 @@ class MetadataStore:
                      for pid, epoch, state in msgspec.json.decode(row[-1])]
         return StreamState(*row[:-1]), producers
 
+    async def open_streams_with_producers(
+            self, opens: Sequence[tuple[uuid.UUID, int, int]], node_id: int, node_epoch: int
+    ) -> dict[tuple[uuid.UUID, int],
+              tuple[StreamState, list[ProducerStateUpdate]] | MetadataError]:
+        """open_stream_with_producers for many (topic id, partition, leader epoch) in one
+        round trip and one transaction; each partition's refusal (StaleEpoch, LeaderMoved,
+        UnknownTopic) is its own entry, not the batch's failure."""
+        rows = await self.fetch_all(WRITE, SQL_OPEN_STREAMS, (
+            [o[0] for o in opens], [o[1] for o in opens], [o[2] for o in opens], node_id,
+            node_epoch))
+        out: dict = {}
+        for topic_id, partition, refusal, message, detail, *stream, producers in rows:
+            if refusal is not None:
+                out[(topic_id, partition)] = _refusal(refusal, message or "", detail)
+                continue
+            out[(topic_id, partition)] = (StreamState(*stream), [
+                ProducerStateUpdate(pid, epoch, base64.b64decode(state))
+                for pid, epoch, state in msgspec.json.decode(producers)])
+        return out
+
     async def close_stream(self, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                            node_id: int, node_epoch: int) -> bool:
         """Close the stream if (node_id, node_epoch) opened it at leader_epoch and node_epoch
@@ -884,9 +1033,25 @@ class MetadataStore:
             "node": node_id, "node_epoch": node_epoch})
         return row is not None
 
+    async def close_streams(self, closes: Sequence[tuple[uuid.UUID, int, int]], node_id: int,
+                            node_epoch: int) -> int:
+        """close_stream for many (topic id, partition, leader epoch) in one statement; how
+        many were closed."""
+        rows = await self.fetch_all(IDEMPOTENT, SQL_CLOSE_STREAMS, {
+            "topic_ids": [c[0] for c in closes], "partitions": [c[1] for c in closes],
+            "epochs": [c[2] for c in closes], "node": node_id, "node_epoch": node_epoch})
+        return len(rows)
+
     async def stream_state(self, topic_id: uuid.UUID, partition: int) -> StreamState | None:
         row = await self.fetch_one(READ, SQL_STREAM_STATE, (topic_id, partition))
         return None if row is None else StreamState(*row)
+
+    async def stream_states(self, keys: Sequence[tuple[uuid.UUID, int]]
+                            ) -> dict[tuple[uuid.UUID, int], StreamState]:
+        """The stream states of these partitions (those that exist), in one statement."""
+        rows = await self.fetch_all(READ, SQL_STREAM_STATES,
+                                    ([k[0] for k in keys], [k[1] for k in keys]))
+        return {(r[0], r[1]): StreamState(*r) for r in rows}
 
     # -- CommitWal -----------------------------------------------------------------------------
 
