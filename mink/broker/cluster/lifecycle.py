@@ -39,8 +39,9 @@ COLLECT_BATCH = 1000
 DELETE_CONCURRENCY = 16
 # Metadata kept after the objects it describes are gone: WAL decisions for 5 minutes
 # (CommitWal repeats come only from their writer, within its commit timeout; later ones carry
-# a fenced node epoch), change-log versions for 5 minutes and at least the newest 100 (for
-# people and tools reading it: nodes read the whole view at every refresh).
+# a fenced node epoch), change-log versions for 5 minutes and at least the newest 100 (nodes
+# follow the view by its deltas; one whose version is older than what is kept, e.g. after a
+# long PostgreSQL outage, reads the whole view once instead).
 DECISIONS_KEPT_S = 300.0
 CHANGE_LOG_KEPT = 100
 
