@@ -117,8 +117,10 @@ def group_coordinated_by(cluster, node_id: int) -> str:
 def test_sigterm_hands_everything_over_before_the_node_leaves(cluster):
     """The hardest case: the node stopped holds the coordinator lease and coordinates the
     consumer group. Under an idempotent producer and a consuming group: no delivery error,
-    nothing lost or duplicated, the group's generation unchanged, every partition of the node
-    writable elsewhere within 1 s of the SIGTERM, the coordinator lease handed on."""
+    no consumer error, nothing lost or duplicated, the group's generation unchanged, every
+    partition of the node writable elsewhere within WRITABLE_WITHIN (5 s: the suite runs two
+    tests at a time; issue 25's 1 s target is measured by benchmarks/controlled_shutdown.py)
+    of the SIGTERM, far below a lease expiry, the coordinator lease handed on."""
     start_three(cluster)
     create_topic(cluster.bootstrap, "drained", 6)
     victim = cluster.coordinator()
@@ -167,6 +169,7 @@ def test_sigterm_hands_everything_over_before_the_node_leaves(cluster):
     assert reader.assignments == assignments, "the group rebalanced"
     assert group_state(cluster, group)[0] == generation, "the group's generation moved"
     reader.close()
+    assert not reader.errors, reader.errors[:5]
     got = consume_all(others, "drained", 6, len(load.acked))
     values = collections.Counter(v for _, _, v in got)
     assert not [v for v, c in values.items() if c > 1], "duplicates"
@@ -219,7 +222,10 @@ def test_kafka_python_clients_see_no_error_through_a_sigterm(cluster):
 
     produce(500)
     cluster.wait_for(lambda: len(consumed) >= 500, timeout=60, what="the group consuming")
-    generation = group_state(cluster, group)[0]
+    # a group that consumes has a stored generation: "unchanged" compares two real ones
+    generation = cluster.wait_for(lambda: group_state(cluster, group)[0],
+                                  what="the group's generation stored")
+    assert generation > 0
     cluster.nodes[victim].process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:  # producing through the stop
@@ -305,6 +311,7 @@ def test_rolling_restart_under_load_has_no_errors(cluster):
                      what="the group consuming every acknowledged message")
     assert group_state(cluster, group)[0] == generation, "the group's generation moved"
     reader.close()
+    assert not reader.errors, reader.errors[:5]
     got = consume_all(cluster.bootstrap, "rolling", 6, len(load.acked))
     values = collections.Counter(v for _, _, v in got)
     assert not [v for v, c in values.items() if c > 1], "duplicates"
