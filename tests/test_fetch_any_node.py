@@ -474,11 +474,12 @@ async def test_read_committed_on_a_non_leader_is_the_leaders(mink_postgres):
 
 async def test_a_long_poll_whose_partitions_move_away_one_by_one_sees_no_not_leader(
         mink_postgres):
-    """A consumer's Fetch long-polling node 1 for two partitions node 1 leads (max_wait
-    5 s, more min_bytes than will come): the first partition moves to node 2, then the
-    second. Each log closing under the Fetch sends it to a view of that partition: it is
-    answered at its max_wait with both partitions' records, not NOT_LEADER_OR_FOLLOWER for
-    the one that moved second (a rebalance moves a node's partitions one after the other)."""
+    """A consumer's Fetch long-polling node 1 for two partitions node 1 leads (min_bytes
+    4 KiB, max_wait 10 s): the first partition moves to node 2 and gets a small batch there,
+    then the second moves and gets a bigger one. Each log closing under the Fetch sends it
+    to a view of that partition, where it waits again: it is answered once the second
+    batch is committed, with both partitions' records, not NOT_LEADER_OR_FOLLOWER for the
+    one that moved second (a rebalance moves a node's partitions one after the other)."""
     from mink.testing import open_cluster
 
     async with open_cluster(2, mink_postgres, proxy=False) as cluster:
@@ -489,14 +490,15 @@ async def test_a_long_poll_whose_partitions_move_away_one_by_one_sees_no_not_lea
         first = cluster.node(1)
         schema = load_request_schema(ApiKey.FETCH, VERSION)
         body = build(
-            schema, replica_id=-1, max_wait=datetime.timedelta(seconds=5),
-            min_bytes=1 << 20, max_bytes=1 << 22, isolation_level=0, session_id=0,
+            schema, replica_id=-1, max_wait=datetime.timedelta(seconds=10),
+            min_bytes=4096, max_bytes=1 << 22, isolation_level=0, session_id=0,
             session_epoch=-1, forgotten_topics_data=(), rack_id="",
             topics=(nested(schema, "FetchTopic")(topic="any-away", partitions=tuple(
                 nested(schema, "FetchPartition")(
                     partition=p, fetch_offset=0, partition_max_bytes=1 << 20,
                     current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)
                 for p in (0, 1))),))
+        sizes = {0: 2, 1: 40}  # records: about 110 bytes, then about 7 KB
         async with await KafkaClient.connect(address(first)) as to_first:
             answer = {}
 
@@ -514,9 +516,6 @@ async def test_a_long_poll_whose_partitions_move_away_one_by_one_sees_no_not_lea
                         await trio.sleep(0.01)
                 for p, log in zip((0, 1), logs):
                     await cluster.move_leadership("any-away", p, 2)
-                    async with await KafkaClient.connect(
-                            address(cluster.node(2))) as to_second:
-                        await produce(to_second, "any-away", p, f"moved{p}", 2)
                     with trio.fail_after(10):  # closed under the Fetch, one after the other
                         while log.closed is None:
                             await trio.sleep(0.01)
@@ -527,8 +526,14 @@ async def test_a_long_poll_whose_partitions_move_away_one_by_one_sees_no_not_lea
                     assert "response" not in answer, (p, [
                         (q.partition_index, int(q.error_code), q.high_watermark)
                         for q in answer["response"].responses[0].partitions])
+                    async with await KafkaClient.connect(
+                            address(cluster.node(2))) as to_second:
+                        await produce(to_second, "any-away", p, f"moved{p}", sizes[p])
+                with trio.fail_after(5):  # min_bytes reached: answered before max_wait
+                    while "response" not in answer:
+                        await trio.sleep(0.01)
         partitions = {p.partition_index: p for p in answer["response"].responses[0].partitions}
         assert {p: int(partitions[p].error_code) for p in (0, 1)} == {0: 0, 1: 0}
         for p in (0, 1):
-            assert partitions[p].high_watermark == 2
+            assert partitions[p].high_watermark == sizes[p]
             assert f"moved{p}-0".encode() in bytes(partitions[p].records or b"")
