@@ -44,7 +44,8 @@ class _Frames:
 
 class KafkaWireCounter:
     """Forwards connections from a local port to `upstream` and counts, per API ("produce",
-    "fetch") and error name, the partitions answered with each error code."""
+    "fetch") and error name, the partitions answered with each error code. `route_to` sends
+    the connections opened later elsewhere (a load balancer whose target changed)."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
@@ -53,6 +54,9 @@ class KafkaWireCounter:
         self.responses: collections.Counter[str] = collections.Counter()
         self.undecoded = 0
         self._lock = threading.Lock()
+
+    def route_to(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
 
     def count(self, api: str, error_code: int) -> int:
         with self._lock:
