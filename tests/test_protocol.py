@@ -150,3 +150,20 @@ def test_build_drops_fields_a_version_lacks():
     partition = build(nested(v0, "MetadataResponsePartition"), error_code=ErrorCode.none, partition_index=0,
                       leader_id=1, leader_epoch=5, replica_nodes=(1,), isr_nodes=(1,))
     assert not hasattr(partition, "leader_epoch")
+
+
+def test_a_body_encoded_ahead_is_sent_as_it_is_after_its_header():
+    """A cached answer (EncodedBody, megabytes of Metadata) is not copied into each frame:
+    the frame is [size prefix + header, the very payload], the same bytes as encoded whole."""
+    from mink.protocol.messages import EncodedBody, encode_body, encode_response_frame
+
+    schema = response_schema(18, 3)
+    body = build(schema, error_code=ErrorCode.none, api_keys=(),
+                 throttle_time=datetime.timedelta(0),
+                 supported_features=(), finalized_features_epoch=-1, finalized_features=(),
+                 zk_migration_ready=False)
+    encoded = encode_body(body)
+    cached = EncodedBody(encoded.schema, encoded.payload)
+    frame = encode_response_frame(7, cached)
+    assert isinstance(frame, list) and frame[1] is cached.payload
+    assert b"".join(frame) == encode_response(7, cached) == encode_response(7, body)

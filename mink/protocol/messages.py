@@ -126,6 +126,14 @@ def encode_response_frame(correlation_id: int, body: Any) -> bytes | list:
     (fetch_encoding: the stored batches are not copied into the frame)."""
     if _is_fetch_response(body):
         return encode_fetch_response(correlation_id, type(body).__version__, body)
+    if isinstance(body, EncodedBody):
+        # the body encoded ahead (a cached Metadata answer, megabytes for 100,000
+        # partitions) is sent as it is, after its header: not copied into each frame
+        header_schema, write_header, _ = _writers_for(body.schema)
+        head = io.BytesIO()
+        write_header(head, header_schema(correlation_id=correlation_id))
+        header = head.getvalue()
+        return [size_prefix(len(header) + len(body.payload)) + header, body.payload]
     return encode_response(correlation_id, body)
 
 
