@@ -67,6 +67,8 @@ class TabletKeeper:
         self.node = node
         self.tablets: dict[tuple[uuid.UUID, int], PartitionTablet] = {}
         self._opened = trio.Event()
+        self._compacted_of = None  # the view snapshot _compacted was found in
+        self._compacted: list = []
 
     def partitions_opened(self) -> None:
         """The partition sync opened partitions here: look for new compacted ones now."""
@@ -106,13 +108,20 @@ class TabletKeeper:
         row = await self.node.metadata.fetch_one(READ, SQL_ADMIN_OF, (node_id,))
         return None if row is None or row[0] is None else (row[0], row[1])
 
+    def _compacted_topics(self) -> list:
+        """The view's compacted topics, looked for once per view snapshot (a look every
+        TABLET_CHECK_INTERVAL_S over 100,000 topics is not free)."""
+        view = self.node.view
+        if self._compacted_of is not view:
+            self._compacted_of = view
+            self._compacted = [t for t in view.topics.values() if is_compacted(t.config)]
+        return self._compacted
+
     def _start_missing(self, nursery) -> None:
         streams = self.node.streams
         if streams is None:
             return
-        for topic in self.node.view.topics.values():
-            if not is_compacted(topic.config):
-                continue
+        for topic in self._compacted_topics():
             for p in range(len(topic.partitions)):
                 partition_log = streams.get(topic.topic_id, p)
                 key = (topic.topic_id, p)
