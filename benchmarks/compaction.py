@@ -127,8 +127,10 @@ def _streamed_pass(log: list[bytes], records: int, map_bytes: int,
                    object_bytes: int) -> dict[str, float]:
     offset_map = OffsetMap.sized(map_bytes, records)
     builder = cleaner.MapBuilder(offset_map, 0, records)
+    # Views of the batches, as store.py's blocks give them: a batch kept whole is then
+    # copied into the object as there, not the log's own bytes passed on uncounted.
     for b in log:
-        if not builder.feed([b]):
+        if not builder.feed([memoryview(b)]):
             break
     limit = builder.finish()
     pass_ = cleaner.BatchCleaner(offset_map, builder.decisions, now_ms=NOW,
@@ -137,7 +139,7 @@ def _streamed_pass(log: list[bytes], records: int, map_bytes: int,
     size = objects = written = 0
     last = len(log) - 1
     for i, b in enumerate(log):
-        kept = pass_.clean(b, i == last)
+        kept = pass_.clean(memoryview(b), i == last)
         if kept is None:
             continue
         if current and size + len(kept) > object_bytes:
