@@ -404,8 +404,9 @@ async def test_a_newly_led_compacted_partition_gets_its_tablet_at_its_open(monke
 async def test_snapshots_on_time_alone_and_the_replaced_ones_collected():
     """`kv_snapshot_interval_ms` on its own snapshots the tablet (the record count is out of
     reach here); each snapshot stored replaces the one before, which is queued for deletion
-    (sql/0021, 'kv_snapshot_replaced') and collected: the store keeps the referenced one
-    alone."""
+    (sql/0021, 'kv_snapshot_replaced') and collected, as is one older than the one stored
+    ('kv_snapshot_older'): the store keeps the referenced one alone."""
+    from mink.storage.compaction.tablet import KVTablet
     from mink.testing import open_node
 
     rng = random.Random(10)
@@ -437,9 +438,16 @@ async def test_snapshots_on_time_alone_and_the_replaced_ones_collected():
         assert current != replaced
         entry = node.node.tablets.tablets[(topic_id, 0)]
         assert entry.snapshots >= 2
+        # One older than the one stored, from the leader itself (a slow upload): refused
+        # ('older') and its upload queued too.
+        partition_log = node.node.streams.get(topic_id, 0)
+        status = await node.call(snapshots.write_snapshot, metadata, objects, topic_id, 0,
+                                 partition_log.leader_epoch, node.node_id,
+                                 node.node.membership.node_epoch, KVTablet(next_offset=1))
+        assert status == "older"
 
         await wait_until(lambda: only_the_current_snapshot_stored(node, topic_id),
-                         "the replaced snapshots collected")
+                         "the replaced and the older snapshots collected")
 
 
 async def only_the_current_snapshot_stored(node, topic_id) -> bool:
