@@ -302,8 +302,17 @@ async def test_open_streams_in_one_round_trip_each_refused_alone(store):
         "open", "closed", "closed", "open"]
     refused = await store.open_streams_with_producers([(t.topic_id, 1, 0)], 1, e1 + 3)
     assert isinstance(refused[(t.topic_id, 1)], StaleEpoch)
+    # a fresh leader epoch first where asked (a restarted node at its own epoch)
+    fresh = await store.open_streams_with_producers([(t.topic_id, 0, 0), (t.topic_id, 1, 0)],
+                                                    1, e1, fresh={(t.topic_id, 0)})
+    assert fresh[(t.topic_id, 0)][0].open_leader_epoch == 1
+    assert fresh[(t.topic_id, 1)][0].open_leader_epoch == 0
+    stale = await store.open_streams_with_producers([(t.topic_id, 0, 0)], 1, e1,
+                                                    fresh={(t.topic_id, 0)})
+    assert stale[(t.topic_id, 0)].reason == "leader_epoch_changed"
+    opened[(t.topic_id, 0)] = fresh[(t.topic_id, 0)]
     # closed in one statement: only what this incarnation opened at that leader epoch
-    assert await store.close_streams([(t.topic_id, 0, 0), (t.topic_id, 3, 1),
+    assert await store.close_streams([(t.topic_id, 0, 1), (t.topic_id, 3, 1),
                                       (t.topic_id, 2, 0)], 1, e1) == 1
     states = await store.stream_states([(t.topic_id, 0), (t.topic_id, 3)])
     assert [states[(t.topic_id, p)].stream_state for p in (0, 3)] == ["closed", "open"]
@@ -342,6 +351,30 @@ async def test_lead_partition_coordinator_epoch(store):
         await store.lead_partition(t.topic_id, 7, 1)
     [p] = (await store.view()).topics[0].partitions
     assert (p.leader_node, p.leader_epoch) == (2, 3)
+
+
+async def test_lead_partitions_is_one_transaction_and_one_change(store):
+    """A batch of moves: all or none (an expected epoch that moved refuses the batch, as an
+    unknown partition does), one change-log row naming the topics, which view_since reads."""
+    await store.register_node(1, "h1", 1, ttl_s=30)
+    await store.register_node(2, "h2", 2, ttl_s=30)
+    a = await store.create_topic("a", 3, {}, [1, 1, 1])
+    b = await store.create_topic("b", 1, {}, [1])
+    version = (await store.view()).version
+    with pytest.raises(StaleEpoch) as refused:
+        await store.lead_partitions([(a.topic_id, 0, 2, 0), (a.topic_id, 1, 2, 7)])
+    assert refused.value.reason == "leader_epoch_changed"
+    with pytest.raises(UnknownTopic):
+        await store.lead_partitions([(a.topic_id, 0, 2, 0), (a.topic_id, 5, 2, None)])
+    assert (await store.view()).version == version, "nothing moved, nothing logged"
+    moves = [(b.topic_id, 0, 2, 0), (a.topic_id, 2, 2, 0), (a.topic_id, 0, 2, None)]
+    assert await store.lead_partitions(moves) == [1, 1, 1]
+    changes, current = await store.changes_since(version)
+    assert current == version + 1 and [c.kind for c in changes] == ["leaders_changed"]
+    assert sorted(changes[0].body["topic_ids"]) == sorted([str(a.topic_id), str(b.topic_id)])
+    delta = await store.view_since(version)
+    assert sorted(delta.changed) == sorted([a.topic_id, b.topic_id])
+    assert [[p.leader_node for p in t.partitions] for t in delta.topics] == [[2, 1, 2], [2]]
 
 
 async def test_open_and_close_stream_fencing(store):

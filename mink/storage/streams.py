@@ -92,28 +92,32 @@ class Streams:
             topic_id, partition, leader_epoch, self.node_id, self.node_epoch)
         return self._opened(topic_id, partition, leader_epoch, state, producers)
 
-    async def open_many(self, opens: list[tuple[uuid.UUID, int, int]]
+    async def open_many(self, opens: list[tuple[uuid.UUID, int, int]],
+                        fresh: set[tuple[uuid.UUID, int]] | frozenset = frozenset()
                         ) -> dict[tuple[uuid.UUID, int], PartitionLog | MetadataError]:
-        """`open` for many (topic id, partition, leader epoch) in one round trip; each
-        partition's refusal is its own entry. Those open at that epoch already stay."""
+        """`open` for many (topic id, partition, leader epoch) in one round trip, those in
+        `fresh` at a fresh leader epoch (relead_own_partition first, expecting the one
+        given); each partition's refusal is its own entry. Those open at that epoch already
+        stay."""
         out: dict[tuple[uuid.UUID, int], PartitionLog | MetadataError] = {}
         todo = []
         for topic_id, partition, leader_epoch in opens:
             current = self.logs.get((topic_id, partition))
             if current is not None and current.closed is None and (
-                    current.leader_epoch == leader_epoch):
+                    current.leader_epoch == leader_epoch) and (topic_id, partition) not in fresh:
                 out[(topic_id, partition)] = current
             else:
                 todo.append((topic_id, partition, leader_epoch))
         if todo:
-            epochs = {(t, p): e for t, p, e in todo}
-            results = await self.metadata.open_streams_with_producers(todo, self.node_id,
-                                                                      self.node_epoch)
+            results = await self.metadata.open_streams_with_producers(
+                todo, self.node_id, self.node_epoch, fresh)
             for key, result in results.items():
                 if isinstance(result, MetadataError):
                     out[key] = result
                 else:
-                    out[key] = self._opened(key[0], key[1], epochs[key], *result)
+                    state, producers = result
+                    out[key] = self._opened(key[0], key[1], state.open_leader_epoch, state,
+                                            producers)
         return out
 
     def _opened(self, topic_id: uuid.UUID, partition: int, leader_epoch: int, state,

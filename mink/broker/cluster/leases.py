@@ -25,7 +25,7 @@ import uuid
 import trio
 
 from mink.storage import controlplane as md
-from mink.storage.controlplane import MetadataUnavailable, StaleEpoch
+from mink.storage.controlplane import MetadataUnavailable
 
 log = logging.getLogger(__name__)
 

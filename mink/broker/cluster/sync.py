@@ -29,8 +29,7 @@ import trio
 
 from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
 from mink.storage import controlplane as md
-from mink.storage.controlplane import MetadataUnavailable, StaleEpoch
-from mink.storage.log import PartitionLog
+from mink.storage.controlplane import MetadataUnavailable
 from mink.storage.streams import Streams
 
 log = logging.getLogger(__name__)
@@ -272,8 +271,9 @@ class PartitionSync:
 
     async def _open_all(self, streams: Streams, to_open: list) -> None:
         """Seed 000's "opening a bucket" for each partition, planned from its stream state
-        read now (one statement for all); the plain opens (the common case: nothing to
-        fence, no fresh epoch) go in batches of OPEN_BATCH, one round trip each."""
+        read now (one statement per OPEN_BATCH): each dead opener fenced once, however many
+        of its partitions come here (a failover moves thousands), then the opens in batches
+        of OPEN_BATCH, one round trip each, those needing a fresh leader epoch included."""
         node = self.node
         membership = node.membership
         try:
@@ -287,8 +287,7 @@ class PartitionSync:
             return
         now = trio.current_time()
         live_epochs = {b.node_id: b.epoch for b in node.view.brokers.values()}
-        plain: list[tuple[tuple[uuid.UUID, int], TopicInfo, int]] = []
-        special = []
+        planned: list[tuple[tuple[uuid.UUID, int], TopicInfo, int, OpenPlan]] = []
         for key, topic, p in to_open:
             state = states.get(key)
             if state is None or state.leader_node != node.node_id:
@@ -307,28 +306,45 @@ class PartitionSync:
                 self._held_by.setdefault(key, now)  # the other node has not seen the move
                 continue
             self._held_by.pop(key, None)
-            if plan.fence is None and not plan.fresh_epoch:
-                plain.append((key, topic, state.leader_epoch))
-            else:
-                special.append((key, topic, state.leader_epoch, plan))
+            planned.append((key, topic, state.leader_epoch, plan))
+        # Opened by a dead node: fence its epoch first, so its late commits are refused.
+        fenced = await self._fence({plan.fence for *_, plan in planned if plan.fence})
+        ready = [(key, topic, epoch, plan.fresh_epoch) for key, topic, epoch, plan in planned
+                 if plan.fence is None or plan.fence in fenced]
         limiter = trio.CapacityLimiter(OPEN_CONCURRENCY)
         async with trio.open_nursery() as nursery:
-            for start in range(0, len(plain), OPEN_BATCH):
+            for start in range(0, len(ready), OPEN_BATCH):
                 nursery.start_soon(self._open_batch, limiter, streams,
-                                   plain[start:start + OPEN_BATCH])
-            for key, topic, leader_epoch, plan in special:
-                nursery.start_soon(self._open_within, limiter, streams, key, topic,
-                                   leader_epoch, plan)
+                                   ready[start:start + OPEN_BATCH])
+
+    async def _fence(self, fences: set[tuple[int, int]]) -> set[tuple[int, int]]:
+        """fence_node for each (node, node epoch) once; those fenced (or past already)."""
+        done = set()
+        for fence in sorted(fences):
+            try:
+                await self.node.metadata.fence_node(*fence)
+                done.add(fence)
+            except md.NodeAlive:
+                pass  # its opener came back to life: the next sync plans again
+            except md.MetadataError as exc:
+                log.warning("fencing node %d at epoch %d failed: %s", *fence, exc)
+        return done
 
     async def _open_batch(self, limiter: trio.CapacityLimiter, streams: Streams,
-                          batch: list[tuple[tuple[uuid.UUID, int], TopicInfo, int]]) -> None:
+                          batch: list[tuple[tuple[uuid.UUID, int], TopicInfo, int, bool]]
+                          ) -> None:
         async with limiter:
             if not self._still(streams):
-                return
-            names = {key: topic.name for key, topic, _ in batch}
+                return  # this node stopped leading meanwhile
+            names = {key: topic.name for key, topic, _, _ in batch}
+            # Opened before at this very epoch (by this node before a restart, or by the
+            # node just fenced): a fresh leader epoch tells clients the log may differ. Its
+            # own fenced operation (node epoch, leadership, expected leader epoch), not a
+            # coordinator action: no coordinator action runs without its epoch.
+            fresh = {key for key, _, _, is_fresh in batch if is_fresh}
             try:
-                results = await streams.open_many([(key[0], key[1], leader_epoch)
-                                                   for key, _, leader_epoch in batch])
+                results = await streams.open_many(
+                    [(key[0], key[1], epoch) for key, _, epoch, _ in batch], fresh)
             except md.MetadataError as exc:  # the next sync tries again
                 log.warning("opening %d partitions failed: %s", len(batch), exc)
                 return
@@ -338,49 +354,9 @@ class PartitionSync:
             if len(refused) < len(results):
                 self._announce_change()  # a Produce waiting for one goes on
 
-    async def _open_within(self, limiter: trio.CapacityLimiter, streams: Streams,
-                           key: tuple[uuid.UUID, int], topic: TopicInfo, leader_epoch: int,
-                           plan: OpenPlan) -> None:
-        async with limiter:
-            try:
-                await self._open(streams, key, topic, leader_epoch, plan)
-            except md.MetadataError as exc:  # the next sync tries again
-                log.warning("opening %s-%d failed: %s", topic.name, key[1], exc)
-            except Exception:  # one partition's trouble must not take the node down
-                log.exception("opening %s-%d failed", topic.name, key[1])
-
     def _still(self, streams: Streams) -> bool:
         """Whether the incarnation that started an open is still the current one."""
         return self.node.membership.leading and self.node.streams is streams
-
-    async def _open(self, streams: Streams, key: tuple[uuid.UUID, int], topic: TopicInfo,
-                    leader_epoch: int, plan: OpenPlan) -> PartitionLog | None:
-        """An open that fences a dead opener or takes a fresh leader epoch first."""
-        node = self.node
-        membership = node.membership
-        topic_id, index = key
-        try:
-            if plan.fence is not None:
-                # Opened by a dead node: fence its epoch so its late commits are refused.
-                await node.metadata.fence_node(*plan.fence)
-            if plan.fresh_epoch and self._still(streams):
-                # Opened before at this very epoch (by this node before a restart, or by the
-                # node just fenced): a fresh leader epoch tells clients the log may differ.
-                # Its own fenced operation (node epoch, leadership, expected leader epoch),
-                # not a coordinator action: no coordinator action runs without its epoch.
-                leader_epoch = await node.metadata.relead_own_partition(
-                    topic_id, index, node.node_id, membership.node_epoch,
-                    expected_leader_epoch=leader_epoch)
-            if not self._still(streams):
-                return None  # this node stopped leading meanwhile
-            opened = await streams.open(topic_id, index, leader_epoch)
-            self._announce_change()  # a Produce waiting for it goes on (handlers/produce.py)
-            return opened
-        except md.NodeAlive:
-            return None
-        except (md.LeaderMoved, StaleEpoch, md.UnknownTopic) as exc:
-            log.info("not opening %s-%d: %s", topic.name, index, exc)
-            return None
 
 
 def _brokers(nodes: list[md.NodeInfo]) -> dict[int, BrokerInfo]:

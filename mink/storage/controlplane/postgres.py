@@ -32,7 +32,7 @@ import enum
 import logging
 import select
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -244,8 +244,11 @@ WITH log AS (SELECT body FROM change_log WHERE version > %(since)s),
                   %(since)s >= 0 AND (SELECT count(*) FROM log) = view_version - %(since)s
                       AS complete
              FROM cluster),
-     changed AS (SELECT DISTINCT (body->>'topic_id')::uuid AS topic_id FROM log
-                  WHERE body ? 'topic_id')
+     changed AS (SELECT (body->>'topic_id')::uuid AS topic_id FROM log
+                  WHERE body ? 'topic_id'
+                 UNION  -- a batch of moves names its topics in one row
+                 SELECT t::uuid FROM log, jsonb_array_elements_text(body->'topic_ids') AS t
+                  WHERE body ? 'topic_ids')
 SELECT json_build_object(
     'version', c.view_version,
     'cluster_id', c.cluster_id,
@@ -264,9 +267,9 @@ SQL_LEAD_PARTITION = "SELECT mink_lead_partition(%s::uuid, %s::int, %s::int, %s:
 SQL_RELEAD_OWN_PARTITION = """
 SELECT mink_relead_own_partition(%s::uuid, %s::int, %s::int, %s::bigint, %s::int)"""
 SQL_LEAD_PARTITIONS = """
-SELECT mink_lead_partition(m.topic_id, m.partition, m.node, %s::bigint, m.expected)
-  FROM unnest(%s::uuid[], %s::int[], %s::int[], %s::int[])
-       AS m(topic_id, partition, node, expected)"""
+SELECT o_leader_epoch
+  FROM mink_lead_partitions(%s::bigint, %s::uuid[], %s::int[], %s::int[], %s::int[])
+ ORDER BY o_n"""
 
 _STREAM_COLUMNS = """topic_id, partition, leader_node, leader_epoch, stream_state, opened_by_node,
        opened_by_epoch, open_leader_epoch, log_start_offset, committed_end, max_timestamp"""
@@ -278,7 +281,7 @@ SQL_OPEN_STREAM_WITH_PRODUCERS = "SELECT " + ", ".join(
 SQL_OPEN_STREAMS = "SELECT o_topic_id, o_partition, o_refusal, o_message, o_detail, " + \
     ", ".join(f"(o_stream).{c.strip()}" for c in _STREAM_COLUMNS.split(",")) + """,
        o_producers::text
-  FROM mink_open_streams(%s::uuid[], %s::int[], %s::int[], %s::int, %s::bigint)"""
+  FROM mink_open_streams(%s::uuid[], %s::int[], %s::int[], %s::bool[], %s::int, %s::bigint)"""
 SQL_CLOSE_STREAM = """
 UPDATE partitions SET stream_state = 'closed'
  WHERE topic_id = %(topic_id)s AND partition = %(partition)s AND stream_state = 'open'
@@ -1005,15 +1008,18 @@ class MetadataStore:
         return StreamState(*row[:-1]), producers
 
     async def open_streams_with_producers(
-            self, opens: Sequence[tuple[uuid.UUID, int, int]], node_id: int, node_epoch: int
+            self, opens: Sequence[tuple[uuid.UUID, int, int]], node_id: int, node_epoch: int,
+            fresh: Collection[tuple[uuid.UUID, int]] = ()
     ) -> dict[tuple[uuid.UUID, int],
               tuple[StreamState, list[ProducerStateUpdate]] | MetadataError]:
         """open_stream_with_producers for many (topic id, partition, leader epoch) in one
-        round trip and one transaction; each partition's refusal (StaleEpoch, LeaderMoved,
-        UnknownTopic) is its own entry, not the batch's failure."""
+        round trip and one transaction, those in `fresh` at a fresh leader epoch first
+        (relead_own_partition, expecting the epoch given: the state's open_leader_epoch is
+        the one opened at); each partition's refusal (StaleEpoch, LeaderMoved, UnknownTopic)
+        is its own entry, not the batch's failure."""
         rows = await self.fetch_all(WRITE, SQL_OPEN_STREAMS, (
-            [o[0] for o in opens], [o[1] for o in opens], [o[2] for o in opens], node_id,
-            node_epoch))
+            [o[0] for o in opens], [o[1] for o in opens], [o[2] for o in opens],
+            [(o[0], o[1]) in fresh for o in opens], node_id, node_epoch))
         out: dict = {}
         for topic_id, partition, refusal, message, detail, *stream, producers in rows:
             if refusal is not None:
