@@ -157,9 +157,11 @@ def test_restarted_node_has_a_new_epoch_and_its_old_epoch_is_fenced(cluster):
     # once node 2 answers Metadata, that sync is done, and it must not have opened what it
     # no longer leads.
     AdminClient({"bootstrap.servers": cluster.nodes[2].address}).list_topics(timeout=30)
-    cluster.wait_for(lambda: cluster.query(
-        "SELECT count(*) FROM leases WHERE holder = 2 AND expires_at > now()")[0][0] > 0,
-        what="node 2 taking background leases (a later round than its first sync)")
+    # a later sync: node 2 opens its share of a topic created now
+    create_topic(cluster.bootstrap, "fence-later", 3)
+    cluster.wait_for(lambda: 2 in {opener for opener, _ in
+                                   cluster.open_streams("fence-later").values()},
+                     what="node 2 opening a partition of a later topic (a later sync)")
     streams = cluster.open_streams("fence")
     leaders = cluster.leaders("fence")
     assert all(streams[p][0] == leaders[p][0] != 2 for p in led_before)
