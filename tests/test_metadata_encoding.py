@@ -74,3 +74,45 @@ def test_the_body_is_kios_byte_for_byte(version):
                                 for e, n, i, x, p, o in answer["topics"]]
         expected = encode_body(kio_answer(version, answer)).payload
         assert encode_metadata_body(version, **answer) == expected, f"v{version} seed {seed}"
+
+
+@pytest.mark.parametrize("version", range(FIRST_VERSION, LAST_VERSION + 1))
+def test_topics_encoded_before_are_taken_as_they_are(version):
+    from mink.protocol.metadata_encoding import encode_metadata_topic
+
+    rng = random.Random(version + 100)
+    answer = random_answer(rng, version)
+    whole = encode_metadata_body(version, **answer)
+    mixed = [encode_metadata_topic(version, t) if i % 2 else t
+             for i, t in enumerate(answer["topics"])]
+    assert encode_metadata_body(version, **{**answer, "topics": mixed}) == whole
+
+
+def test_the_handlers_topic_bytes_follow_changes_and_liveness():
+    """The handler keeps each topic's bytes across snapshots made by deltas: an answer after
+    a topic changed, or after its leader died, is the one a fresh view gives."""
+    from mink.broker.cluster.view import BrokerInfo, ClusterView, PartitionInfo, TopicInfo
+    from mink.broker.server.handlers.metadata import _encoded
+
+    def topic(name, leaders, epoch=0, topic_id=None):
+        return TopicInfo(topic_id or uuid.uuid4(), name,
+                         tuple(PartitionInfo(i, n, epoch) for i, n in enumerate(leaders)))
+
+    brokers = {n: BrokerInfo(n, "h", 9000 + n) for n in (1, 2)}
+    a, b = topic("a", [1, 2]), topic("b", [2, 2, 1])
+    view = ClusterView(version=1, cluster_id="c", brokers=brokers, topics={"a": a, "b": b})
+
+    def fresh(v: ClusterView) -> ClusterView:
+        return ClusterView(version=v.version, cluster_id="c", brokers=v.brokers,
+                           topics=dict(v.topics), listed_brokers=v.listed_brokers)
+
+    for version in (1, 12):
+        assert _encoded(view, version, None, True) == _encoded(fresh(view), version, None, True)
+    moved = view.with_changes(2, brokers, None, {}, [a.topic_id],
+                              [topic("a", [2, 2], 1, a.topic_id)])
+    assert moved.derived["topic_bytes"] is view.derived["topic_bytes"]
+    assert _encoded(moved, 12, None, True) == _encoded(fresh(moved), 12, None, True)
+    assert _encoded(moved, 12, None, True) != _encoded(view, 12, None, True)
+    dead = moved.with_changes(3, {1: brokers[1]}, None, {}, [], [])  # node 2 died
+    assert _encoded(dead, 12, None, True) == _encoded(fresh(dead), 12, None, True)
+    assert _encoded(dead, 1, None, True) == _encoded(fresh(dead), 1, None, True)

@@ -10,7 +10,8 @@ answer for every version advertised.
 Inputs:
 - brokers: (node_id, host, port, rack or None)
 - topics: (error_code, name or None, topic_id (uuid.UUID) or None, is_internal, partitions,
-  topic_authorized_operations), partitions a sequence of
+  topic_authorized_operations), or a topic's bytes from `encode_metadata_topic`; partitions
+  a sequence of
   (error_code, partition_index, leader_id, leader_epoch, replica_nodes), where the ISR is
   the replicas and no replica is offline (one copy per partition: the object store keeps
   the data).
@@ -106,19 +107,11 @@ def encode_metadata_body(version: int, *, throttle_ms: int,
     topics = topics if isinstance(topics, list) else list(topics)
     out += _count(len(topics), flexible)
     partition_layout = _PartitionLayout(version)
-    for error, name, topic_id, is_internal, partitions, operations in topics:
-        out += _I16.pack(error)
-        out += _string(name, flexible)
-        if version >= 10:
-            out += topic_id.bytes if isinstance(topic_id, uuid.UUID) else _ZERO_UUID
-        if version >= 1:
-            out += b"\x01" if is_internal else b"\x00"
-        out += _count(len(partitions), flexible)
-        partition_layout.encode(out, partitions)
-        if version >= 8:
-            out += _I32.pack(operations)
-        if flexible:
-            out += b"\0"
+    for topic in topics:
+        if isinstance(topic, bytes):  # encoded before (encode_metadata_topic)
+            out += topic
+        else:
+            _encode_topic(out, version, partition_layout, topic)
     if 8 <= version <= 10:
         out += _I32.pack(cluster_authorized_operations)
     if version >= 13:
@@ -126,3 +119,29 @@ def encode_metadata_body(version: int, *, throttle_ms: int,
     if flexible:
         out += b"\0"
     return bytes(out)
+
+
+def encode_metadata_topic(version: int, topic: tuple) -> bytes:
+    """One topic's bytes in a Metadata answer of `version`, for encode_metadata_body to take
+    as they are (a topic unchanged since the last answer need not be laid out again)."""
+    out = bytearray()
+    _encode_topic(out, version, _PartitionLayout(version), topic)
+    return bytes(out)
+
+
+def _encode_topic(out: bytearray, version: int, partition_layout: _PartitionLayout,
+                  topic: tuple) -> None:
+    flexible = version >= 9
+    error, name, topic_id, is_internal, partitions, operations = topic
+    out += _I16.pack(error)
+    out += _string(name, flexible)
+    if version >= 10:
+        out += topic_id.bytes if isinstance(topic_id, uuid.UUID) else _ZERO_UUID
+    if version >= 1:
+        out += b"\x01" if is_internal else b"\x00"
+    out += _count(len(partitions), flexible)
+    partition_layout.encode(out, partitions)
+    if version >= 8:
+        out += _I32.pack(operations)
+    if flexible:
+        out += b"\0"

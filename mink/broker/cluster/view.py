@@ -142,7 +142,9 @@ class ClusterView:
             leaders.update(p.leader for p in topic.partitions)
         if not in_order:
             names = dict(sorted(names.items()))
+        derived = {"by_id": by_id, "leaders": +leaders}  # + drops zeros
+        if "topic_bytes" in self.derived:  # encoded Metadata topics, checked by identity
+            derived["topic_bytes"] = self.derived["topic_bytes"]
         return ClusterView(version=version, cluster_id=self.cluster_id, brokers=brokers,
                            topics=names, coordinator=coordinator,
-                           listed_brokers=listed_brokers,
-                           derived={"by_id": by_id, "leaders": +leaders})  # + drops zeros
+                           listed_brokers=listed_brokers, derived=derived)

@@ -11,7 +11,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.protocol.messages import EncodedBody, response_schema
-from mink.protocol.metadata_encoding import encode_metadata_body
+from mink.protocol.metadata_encoding import encode_metadata_body, encode_metadata_topic
 from mink.broker.security.authorizer import DESCRIBE
 from mink.broker.security.operations import OMITTED, cluster_operations, topic_operations
 from mink.protocol.topics import INTERNAL_TOPICS, topic_name_error
@@ -82,20 +82,21 @@ def _encoded(view: ClusterView, version: int, requested, every_topic: bool,
     on), only the topics the principal may describe, with its own operations."""
     topic_ops = topic_operations(operations[0])
     cluster_ops = cluster_operations(operations[1])
+    encoded = _TopicBytes(view, version)
     if rights is None:
         if every_topic:
-            topics = [_topic(view, topic, topic_ops) for topic in view.topics.values()]
+            topics = [encoded(topic, topic_ops) for topic in view.topics.values()]
         else:
-            topics = [_requested_topic(view, t.name, getattr(t, "topic_id", None), topic_ops)
-                      for t in requested]
+            topics = [_requested_topic(view, t.name, getattr(t, "topic_id", None), topic_ops,
+                                       encoded) for t in requested]
     else:
         cluster_ops = rights.cluster_operations(operations[1])
         if every_topic:
-            topics = [_topic(view, topic, rights.topic_operations(topic.name, operations[0]))
+            topics = [encoded(topic, rights.topic_operations(topic.name, operations[0]))
                       for topic in view.topics.values() if rights.describes(topic.name)]
         else:
             topics = [_authorized_topic(view, t.name, getattr(t, "topic_id", None),
-                                        rights, operations[0]) for t in requested]
+                                        rights, operations[0], encoded) for t in requested]
     # Recently live brokers too (ClusterView.listed_brokers says why); a partition's leader
     # is named only while it is live.
     brokers = [(b.node_id, *b.endpoint(listener), b.rack)
@@ -113,8 +114,33 @@ def request_allows_auto_create(request, version: int) -> bool:
     return getattr(request, "allow_auto_topic_creation", True) if version >= 4 else True
 
 
+class _TopicBytes:
+    """Each topic's bytes in an answer of `version`, kept from one answer to the next: a
+    snapshot made by deltas shares its unchanged topics (the same TopicInfo objects) and this
+    cache with the one before, so an answer after a change lays out only what changed
+    (100,000 partitions took about 110 ms a version to lay out whole). An entry serves while
+    its topic is the very same object and the live brokers are the same."""
+
+    def __init__(self, view: ClusterView, version: int) -> None:
+        self.view, self.version = view, version
+        self.live = frozenset(view.brokers)
+        cache = view.derived.get("topic_bytes")
+        if cache is None or len(cache) > 4 * len(view.topics) + 1024:
+            cache = view.derived["topic_bytes"] = {}  # (deleted topics' entries go too)
+        self.cache = cache
+
+    def __call__(self, topic: TopicInfo, topic_ops: int) -> bytes:
+        key = (self.version, topic_ops, topic.topic_id)
+        entry = self.cache.get(key)
+        if entry is not None and entry[0] is topic and entry[1] == self.live:
+            return entry[2]
+        data = encode_metadata_topic(self.version, _topic(self.view, topic, topic_ops))
+        self.cache[key] = (topic, self.live, data)
+        return data
+
+
 def _authorized_topic(view: ClusterView, name: str | None, topic_id, rights: _Rights,
-                      asked: bool) -> tuple:
+                      asked: bool, encoded: _TopicBytes) -> tuple | bytes:
     """A requested topic the principal may not describe answers TOPIC_AUTHORIZATION_FAILED
     whether or not it exists (by id: only once the id is known)."""
     known = view.topics.get(name) if name is not None else (
@@ -124,18 +150,19 @@ def _authorized_topic(view: ClusterView, name: str | None, topic_id, rights: _Ri
         return (int(ErrorCode.topic_authorization_failed), name, ZERO_UUID, False, (),
                 NO_AUTHORIZED_OPERATIONS)
     return _requested_topic(view, name, topic_id,
-                            rights.topic_operations(checked, asked) if checked else OMITTED)
+                            rights.topic_operations(checked, asked) if checked else OMITTED,
+                            encoded)
 
 
 def _requested_topic(view: ClusterView, name: str | None, topic_id,
-                     topic_ops: int = OMITTED) -> tuple:
+                     topic_ops: int, encoded: _TopicBytes) -> tuple | bytes:
     topic = None
     if name is not None:
         topic = view.topics.get(name)
     elif topic_id is not None and topic_id != ZERO_UUID:
         topic = view.topic_by_id(topic_id)
     if topic is not None:
-        return _topic(view, topic, topic_ops)
+        return encoded(topic, topic_ops)
     error = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
     if name is not None and topic_name_error(name):
         error = ErrorCode.invalid_topic_exception
