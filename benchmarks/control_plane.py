@@ -12,8 +12,9 @@ One node (the default): `--topics` x `--partitions` created `--per-request` topi
 CreateTopics request, each request timed (and so the first topics against the last); the time
 until every partition is led and open; then, idle, the node's and PostgreSQL's CPU over
 `--idle-s` (process CPU time / wall time, from /proc), the node's RSS, Metadata for every topic
-uncached (a request naming the topics in an order not asked before) and cached (the same
-request again), timed to the last byte of the answer; a py-spy profile of the idle node
+(topics null, as clients ask) timed to the first and the last byte of its answer: the first
+answer (every topic laid out), answers after a topic was created (encoded again, unchanged
+topics' bytes kept) and cached ones (the same question again); a py-spy profile of the idle node
 (`--profile-s`, raw format, summarized by benchmarks.profile_summary); then acks=all produce
 latency to one of its partitions against a second node with nothing else on it, in the same
 run, alternating.
@@ -31,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -53,6 +53,7 @@ from mink.protocol.messages import build, nested  # noqa: E402
 from mink.storage.embedded_postgres import EmbeddedPostgres, free_port  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results")
+REPO = Path(__file__).resolve().parent.parent
 LEASE_TTL, TICK = 30.0, 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -69,7 +70,8 @@ SELECT count(*) FROM partitions p JOIN topics t USING (topic_id)
 
 
 class Node:
-    def __init__(self, node_id: int, db_url: str, store: str, log_dir: Path, **extra):
+    def __init__(self, node_id: int, db_url: str, store: str, log_dir: Path,
+                 stalls: bool = False, **extra):
         self.node_id = node_id
         self.address = f"127.0.0.1:{free_port()}"
         self.env = {**os.environ, "MINK_NODE_ID": str(node_id), "MINK_LISTENER": self.address,
@@ -77,12 +79,38 @@ class Node:
                     "MINK_LOG_LEVEL": "INFO", "MINK_LEASE_TTL": str(LEASE_TTL),
                     "MINK_COORDINATOR_TICK": str(TICK),
                     **{f"MINK_{k.upper()}": str(v) for k, v in extra.items()}}
-        self.log_path = log_dir / f"node-{node_id}-{self.address.rsplit(':', 1)[1]}.log"
+        name = f"node-{node_id}-{self.address.rsplit(':', 1)[1]}"
+        self.log_path = log_dir / f"{name}.log"
+        # --stalls: the node runs under benchmarks.latency_node, which logs its garbage
+        # collections and its task steps of 20 ms or more (the event loop held)
+        self.command = ["-m", "mink.cli", "serve"]
+        self.gc_log = self.stall_log = None
+        if stalls:
+            self.command = ["-m", "benchmarks.latency_node"]
+            self.gc_log, self.stall_log = log_dir / f"{name}-gc.log", log_dir / f"{name}-stalls"
+            self.env.update(MINK_BENCH_GC_LOG=str(self.gc_log),
+                            MINK_BENCH_STALL_LOG=str(self.stall_log))
         self.process: subprocess.Popen | None = None
+
+    def pauses(self, start: float, end: float) -> list[str]:
+        """The garbage collections (generation >= 1, >= 1 ms) and task steps of 20 ms or
+        more that ended in [start, end] (time.monotonic()), longest first."""
+        found = []
+        for path, kind in ((self.gc_log, "gc"), (self.stall_log, "step")):
+            if path is None or not path.exists():
+                continue
+            for line in path.read_text().splitlines():
+                fields = line.split()
+                at = float(fields[0])
+                if start <= at <= end:
+                    ms = float(fields[2] if kind == "gc" else fields[1])
+                    what = f"gen {fields[1]}" if kind == "gc" else " ".join(fields[2:])
+                    found.append((ms, f"{kind} {ms:.0f} ms ({what})"))
+        return [text for _, text in sorted(found, reverse=True)]
 
     def start(self, timeout: float = 120) -> None:
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "mink.cli", "serve"],
+            self.process = subprocess.Popen([sys.executable, *self.command], cwd=REPO,
                                             env=self.env, stdout=log, stderr=subprocess.STDOUT)
         marker = f"listening for Kafka clients on {self.address}"
         wait_for(lambda: marker in self.log_path.read_text(errors="replace") or (
@@ -248,7 +276,7 @@ def one_node(pg: EmbeddedPostgres, tmp: Path, args) -> dict:
     db = new_database(pg, "cp_big")
     store = tmp / "objects-big"
     store.mkdir()
-    node = Node(1, db, store.as_uri(), tmp, num_partitions=1)
+    node = Node(1, db, store.as_uri(), tmp, stalls=args.stalls, num_partitions=1)
     out: dict = {}
     empty = None
     try:
@@ -279,23 +307,22 @@ def one_node(pg: EmbeddedPostgres, tmp: Path, args) -> dict:
         print(f"idle: node {out['idle_node_cpu_pct']:.1f}% of a core, PostgreSQL "
               f"{out['idle_postgres_cpu_pct']:.1f}%, RSS {out['node_rss_mib']:.0f} MiB",
               flush=True)
-        names = [f"cp-{t:05d}" for t in range(args.topics)]
-        rng = random.Random(1)
-        uncached, cached = [], []
-        timed_metadata(client, None)  # every topic, as clients ask: encoded once ...
-        for _ in range(5):
-            rng.shuffle(names)  # ... and the topics named in an order not asked before
-            uncached.append(timed_metadata(client, names))
-            cached.append(timed_metadata(client, None))
-        for name, runs in (("uncached", uncached), ("cached", cached)):
-            out[f"metadata_{name}_ms"] = statistics.median(r[0] for r in runs) * 1000
-            out[f"metadata_{name}_received_ms"] = statistics.median(r[1] for r in runs) * 1000
-        out["metadata_bytes"] = uncached[0][2]
-        print(f"Metadata of every topic: uncached {out['metadata_uncached_ms']:.1f} ms, cached "
-              f"{out['metadata_cached_ms']:.2f} ms to the first byte ("
-              f"{out['metadata_uncached_received_ms']:.1f} / "
-              f"{out['metadata_cached_received_ms']:.1f} ms to the last of "
-              f"{out['metadata_bytes']} bytes)", flush=True)
+        # Metadata of every topic (topics null, as clients ask): the first answer lays out
+        # every topic; after a change (a topic created) the answer is encoded again, with
+        # the unchanged topics' bytes kept; asked again, the encoded answer is sent as is.
+        runs = {"cold": [timed_metadata(client, None)], "after_change": [], "cached": []}
+        for i in range(5):
+            create_topics(client, [f"cp-extra-{i}"], 1)
+            runs["after_change"].append(timed_metadata(client, None))
+            runs["cached"].append(timed_metadata(client, None))
+        for name, timings in runs.items():
+            out[f"metadata_{name}_ms"] = statistics.median(r[0] for r in timings) * 1000
+            out[f"metadata_{name}_received_ms"] = statistics.median(r[1] for r in timings) * 1000
+        out["metadata_bytes"] = runs["cached"][-1][2]
+        print("Metadata of every topic, to the first byte (last byte): " + ", ".join(
+            f"{name} {out[f'metadata_{name}_ms']:.1f} ms "
+            f"({out[f'metadata_{name}_received_ms']:.1f} ms)" for name in runs)
+            + f", {out['metadata_bytes']} bytes", flush=True)
         client.close()
         if args.profile_s > 0:
             profile = tmp / "profile.txt"
@@ -307,14 +334,21 @@ def one_node(pg: EmbeddedPostgres, tmp: Path, args) -> dict:
         empty_db = new_database(pg, "cp_empty")
         empty_store = tmp / "objects-empty"
         empty_store.mkdir()
-        empty = Node(2, empty_db, empty_store.as_uri(), tmp, num_partitions=1)
+        empty = Node(2, empty_db, empty_store.as_uri(), tmp, stalls=args.stalls,
+                     num_partitions=1)
         empty.start()
         with BlockingKafkaClient(empty.address, 60) as empty_client:
             create_topics(empty_client, ["cp-00000"], 1)
         rounds = {"loaded": [], "empty": []}
+        pauses: dict[str, list[str]] = {"loaded": [], "empty": []}
         for _ in range(2):
             for name, target in (("loaded", node), ("empty", empty)):
+                began = time.monotonic()
                 rounds[name] += produce_latencies(target.address, "cp-00000", args.produce_s)
+                pauses[name] += target.pauses(began, time.monotonic())
+        if args.stalls:
+            out["produce_pauses"] = {name: found[:10] for name, found in pauses.items()}
+            print(f"pauses while producing: {out['produce_pauses']}", flush=True)
         for name, values in rounds.items():
             out[f"produce_{name}_p50_ms"] = percentile(values, 0.5)
             out[f"produce_{name}_p99_ms"] = percentile(values, 0.99)
@@ -388,9 +422,12 @@ def report(args, stamp: str, result: dict) -> list[str]:
                   f"{one['led_after_create_s']:.1f} s | < 60 s |",
                   f"| idle node CPU | {one['idle_node_cpu_pct']:.1f}% of a core | < 3% |",
                   f"| idle PostgreSQL CPU | {one['idle_postgres_cpu_pct']:.1f}% of a core | < 3% |",
-                  f"| Metadata, every topic, uncached (first byte; last byte) | "
-                  f"{one['metadata_uncached_ms']:.0f} ms; "
-                  f"{one['metadata_uncached_received_ms']:.0f} ms | < 300 ms |",
+                  f"| Metadata, every topic, uncached: the first answer (first byte; last "
+                  f"byte) | {one['metadata_cold_ms']:.0f} ms; "
+                  f"{one['metadata_cold_received_ms']:.0f} ms | < 300 ms |",
+                  f"| Metadata, every topic, uncached: after a topic was created | "
+                  f"{one['metadata_after_change_ms']:.1f} ms; "
+                  f"{one['metadata_after_change_received_ms']:.1f} ms | < 300 ms |",
                   f"| Metadata, every topic, cached (first byte; last byte) | "
                   f"{one['metadata_cached_ms']:.2f} ms; "
                   f"{one['metadata_cached_received_ms']:.1f} ms | < 1 ms |",
@@ -399,6 +436,11 @@ def report(args, stamp: str, result: dict) -> list[str]:
                   f"{one['produce_loaded_p99_ms']:.2f} / {one['produce_empty_p99_ms']:.2f} ms "
                   f"({one['produce_loaded_p50_ms']:.2f} / {one['produce_empty_p50_ms']:.2f}) | "
                   "within 10% |", ""]
+        for name, found in one.get("produce_pauses", {}).items():
+            lines.append(f"- event loop held while producing ({name} node), longest first: "
+                         + ("; ".join(found) if found else "none of 20 ms or more"))
+        if one.get("produce_pauses"):
+            lines.append("")
     fo = result.get("failover")
     if fo:
         lines += [f"Three nodes, SIGKILL of node 2: {fo['moved_partitions']:,} partitions led "
@@ -417,6 +459,8 @@ def main() -> None:
     parser.add_argument("--profile-s", type=float, default=30)
     parser.add_argument("--produce-s", type=float, default=20)
     parser.add_argument("--failover", action="store_true", help="the three-node run only")
+    parser.add_argument("--stalls", action="store_true",
+                        help="log the nodes' collections and long task steps (latency_node)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mink-cp-"))
