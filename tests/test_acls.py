@@ -484,6 +484,105 @@ def _txn_offset_commit(transactional_id, group, topic):
                     _n(28, 3, "TxnOffsetCommitRequestTopic"), name=topic, partitions=(part,)),))
 
 
+def _sync(group):
+    return _req(ApiKey.SYNC_GROUP, 5, group_id=group, generation_id=1, member_id="m",
+                group_instance_id=None, protocol_type="consumer", protocol_name="range",
+                assignments=())
+
+
+def _leave(group):
+    return _req(ApiKey.LEAVE_GROUP, 4, group_id=group, members=(build(
+        _n(13, 4, "MemberIdentity"), member_id="m", group_instance_id=None),))
+
+
+def _list_groups():
+    return _req(ApiKey.LIST_GROUPS, 5, states_filter=(), types_filter=())
+
+
+def _listed_groups(response):
+    """(error, the listed groups among those made for the ListGroups rows)."""
+    return int(response.error_code), tuple(sorted(
+        g.group_id for g in response.groups if g.group_id in LISTED_GROUPS))
+
+
+def _consumer_heartbeat(group, topic):
+    import datetime
+
+    return _req(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, group_id=group,
+                member_id=f"member-of-{group}", member_epoch=0, instance_id=None,
+                rack_id=None, rebalance_timeout=datetime.timedelta(seconds=10),
+                subscribed_topic_names=(topic,), subscribed_topic_regex=None,
+                server_assignor=None, topic_partitions=())
+
+
+def _describe_txn(transactional_id):
+    return _req(ApiKey.DESCRIBE_TRANSACTIONS, 0, transactional_ids=(transactional_id,))
+
+
+def _txn_topics(response):
+    """(error, the topics of the transaction's partitions the answer shows)."""
+    (state,) = response.transaction_states
+    return int(state.error_code), tuple(sorted(t.topic for t in state.topics))
+
+
+def _list_txns():
+    return _req(ApiKey.LIST_TRANSACTIONS, 1, state_filters=(), producer_id_filters=(),
+                duration_filter=-1)
+
+
+def _listed_txns(response):
+    return int(response.error_code), tuple(sorted(
+        t.transactional_id for t in response.transaction_states))
+
+
+def _alter_users():
+    upsertion = build(_n(51, 0, "ScramCredentialUpsertion"), name="carol", mechanism=1,
+                      iterations=4096, salt=b"s" * 16, salted_password=b"p" * 32)
+    return _req(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, deletions=(),
+                upsertions=(upsertion,))
+
+
+def _alter_quotas():
+    entry = build(_n(49, 1, "EntryData"), entity=(build(
+        _n(49, 1, "EntityData"), entity_type="client-id", entity_name="c1"),),
+        ops=(build(_n(49, 1, "OpData"), key="producer_byte_rate", value=1024.0,
+                   remove=False),))
+    return _req(ApiKey.ALTER_CLIENT_QUOTAS, 1, entries=(entry,), validate_only=True)
+
+
+def _alter_reassignments(topic):
+    import datetime
+
+    part = build(_n(45, 0, "ReassignablePartition"), partition_index=0, replicas=(1,))
+    return _req(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0,
+                timeout=datetime.timedelta(seconds=10), topics=(build(
+                    _n(45, 0, "ReassignableTopic"), name=topic, partitions=(part,)),))
+
+
+def _list_reassignments(topic):
+    import datetime
+
+    return _req(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0,
+                timeout=datetime.timedelta(seconds=10), topics=(build(
+                    _n(46, 0, "ListPartitionReassignmentsTopics"), name=topic,
+                    partition_indexes=(0,)),))
+
+
+def _describe_log_dirs():
+    return _req(ApiKey.DESCRIBE_LOG_DIRS, 4, topics=None)
+
+
+def _alter_log_dirs(topic):
+    return _req(ApiKey.ALTER_REPLICA_LOG_DIRS, 2, dirs=(build(
+        _n(34, 2, "AlterReplicaLogDir"), path="/mink/object-store/node-1", topics=(build(
+            _n(34, 2, "AlterReplicaLogDirTopic"), name=topic, partitions=(0,)),)),))
+
+
+def _describe_cluster():
+    return _req(ApiKey.DESCRIBE_CLUSTER, 1, include_cluster_authorized_operations=True,
+                endpoint_type=1)
+
+
 def _txn_code(response):
     return int(response.results_by_topic_v3_and_below[0].results_by_partition[0]
                .partition_error_code)
@@ -505,16 +604,32 @@ def _partition_code(response):
     return int(response.topics[0].partitions[0].error_code)
 
 
-# (what, request, grants (type, name, operation), code refused, code once granted)
+# One row per check of Kafka's "Operations and Resources on Protocols" (KafkaApis,
+# ControllerApis, AuthHelper, ConfigHelper): (what, request, grants, code_of, code refused,
+# code once granted, given). `given` are grants made first (the checks Kafka makes before
+# this one), so the refusal is this check's; `grants` are the row's own, the only ones that
+# can turn the refusal into the answer once granted: every ACL of alice is removed after each
+# row, so no row passes on an earlier row's grant.
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, TXN_AUTH = 29, 30, 31, 53
+TXN_TOPIC = "t-dtxn"  # the topic of the transaction the DescribeTransactions rows see
+LISTED_GROUPS = ("g-list-a", "g-list-b")  # groups the ListGroups rows may see
+LOG_DIR = "/mink/object-store/node-1"
+CREATE_BIT, DESCRIBE_BIT = 1 << 5, 1 << 8  # KIP-430 bits of AclOperation CREATE, DESCRIBE
+
+
+def _error_code(response):
+    return int(response.error_code)
+
+
 ROWS = [
-    # KIP-679: an idempotent producer needs IDEMPOTENT_WRITE on the cluster (first: WRITE on
-    # any topic, granted below, would do too)
+    # KIP-679: an idempotent producer needs IDEMPOTENT_WRITE on the cluster or WRITE on a
+    # topic
     ("InitProducerId idempotent (cluster)", _init_producer(),
-     [("CLUSTER", "kafka-cluster", "IDEMPOTENT_WRITE")], lambda r: int(r.error_code),
-     CLUSTER_AUTH, 0),
+     [("CLUSTER", "kafka-cluster", "IDEMPOTENT_WRITE")], _error_code, CLUSTER_AUTH, 0),
+    ("InitProducerId idempotent (WRITE on a topic)", _init_producer(),
+     [("TOPIC", "t-produce", "WRITE")], _error_code, CLUSTER_AUTH, 0),
     ("InitProducerId transactional", _init_producer("tx-1"),
-     [("TRANSACTIONAL_ID", "tx-1", "WRITE")], lambda r: int(r.error_code), TXN_AUTH, 0),
+     [("TRANSACTIONAL_ID", "tx-1", "WRITE")], _error_code, TXN_AUTH, 0),
     ("Metadata describes", _metadata("t-meta"), [("TOPIC", "t-meta", "DESCRIBE")],
      _topic_code, TOPIC_AUTH, 0),
     # a topic that does not exist answers the same to whoever may not describe it
@@ -540,14 +655,31 @@ ROWS = [
      GROUP_AUTH, 0),
     # MEMBER_ID_REQUIRED: joined as far as a first JoinGroup goes
     ("JoinGroup reads the group", _join("g-join"), [("GROUP", "g-join", "READ")],
-     lambda r: int(r.error_code), GROUP_AUTH, 79),
+     _error_code, GROUP_AUTH, 79),
+    ("SyncGroup reads the group", _sync("g-sync"), [("GROUP", "g-sync", "READ")],
+     _error_code, GROUP_AUTH, 25),  # UNKNOWN_MEMBER_ID
     ("Heartbeat reads the group", _heartbeat("g-hb"), [("GROUP", "g-hb", "READ")],
-     lambda r: int(r.error_code), GROUP_AUTH, 25),  # UNKNOWN_MEMBER_ID
+     _error_code, GROUP_AUTH, 25),  # UNKNOWN_MEMBER_ID
+    ("LeaveGroup reads the group", _leave("g-leave"), [("GROUP", "g-leave", "READ")],
+     _error_code, GROUP_AUTH, 0),  # (the member's own error: UNKNOWN_MEMBER_ID)
+    # ListGroups refuses nothing: it lists the groups the principal may describe, or all
+    # of them with DESCRIBE on the cluster
+    ("ListGroups lists the groups it describes", _list_groups(),
+     [("GROUP", "g-list-a", "DESCRIBE")], _listed_groups, (0, ()), (0, ("g-list-a",))),
+    ("ListGroups lists every group with DESCRIBE on the cluster", _list_groups(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")], _listed_groups, (0, ()),
+     (0, LISTED_GROUPS)),
+    # KIP-848: READ on the group, then DESCRIBE on every subscribed topic
+    ("ConsumerGroupHeartbeat reads the group", _consumer_heartbeat("g-cgh", "t-cgh"),
+     [("GROUP", "g-cgh", "READ")], _error_code, GROUP_AUTH, TOPIC_AUTH),
+    ("ConsumerGroupHeartbeat describes the subscribed topics",
+     _consumer_heartbeat("g-cgh2", "t-cgh"), [("TOPIC", "t-cgh", "DESCRIBE")], _error_code,
+     TOPIC_AUTH, 0, [("GROUP", "g-cgh2", "READ")]),
     ("OffsetCommit reads the group", _commit("g-commit", "t-commit"),
      [("GROUP", "g-commit", "READ")], _partition_code, GROUP_AUTH, TOPIC_AUTH),
-    ("OffsetCommit reads the topic too", _commit("g-commit2", "t-commit"),
-     [("GROUP", "g-commit2", "READ"), ("TOPIC", "t-commit", "READ")], _partition_code,
-     GROUP_AUTH, 0),
+    ("OffsetCommit reads the topic", _commit("g-commit", "t-commit"),
+     [("TOPIC", "t-commit", "READ")], _partition_code, TOPIC_AUTH, 0,
+     [("GROUP", "g-commit", "READ")]),
     ("OffsetFetch describes the group", _offset_fetch("g-ofetch"),
      [("GROUP", "g-ofetch", "DESCRIBE")], lambda r: int(r.groups[0].error_code),
      GROUP_AUTH, 0),
@@ -558,6 +690,10 @@ ROWS = [
     ("DescribeConfigs of a topic", _describe_configs("t-cfg"),
      [("TOPIC", "t-cfg", "DESCRIBE_CONFIGS")], lambda r: int(r.results[0].error_code),
      TOPIC_AUTH, 0),
+    # broker configs: DESCRIBE_CONFIGS on the cluster (ConfigHelper)
+    ("DescribeConfigs of a broker", _broker_configs(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE_CONFIGS")],
+     lambda r: int(r.results[0].error_code), CLUSTER_AUTH, 0),
     ("AlterConfigs of a topic", _alter_configs("t-cfg"), [("TOPIC", "t-cfg", "ALTER_CONFIGS")],
      lambda r: int(r.responses[0].error_code), TOPIC_AUTH, 0),
     ("IncrementalAlterConfigs of a topic", _incremental_alter_configs("t-cfg2"),
@@ -568,19 +704,34 @@ ROWS = [
     ("DeleteRecords deletes", _delete_records("t-records"),
      [("TOPIC", "t-records", "DELETE")], _partition_code, TOPIC_AUTH, 0),
     ("EndTxn writes the transactional id", _end_txn("tx-end"),
-     [("TRANSACTIONAL_ID", "tx-end", "WRITE")], lambda r: int(r.error_code), TXN_AUTH,
+     [("TRANSACTIONAL_ID", "tx-end", "WRITE")], _error_code, TXN_AUTH,
      49),  # INVALID_PRODUCER_ID_MAPPING: no such transaction
+    ("AddOffsetsToTxn writes the transactional id", _add_offsets("tx-end", "g-txn"),
+     [("TRANSACTIONAL_ID", "tx-end", "WRITE")], _error_code, TXN_AUTH, GROUP_AUTH),
     ("AddOffsetsToTxn reads the group", _add_offsets("tx-end", "g-txn"),
-     [("GROUP", "g-txn", "READ")], lambda r: int(r.error_code), GROUP_AUTH, 49),
+     [("GROUP", "g-txn", "READ")], _error_code, GROUP_AUTH, 49,
+     [("TRANSACTIONAL_ID", "tx-end", "WRITE")]),
+    ("DescribeTransactions describes the transactional id", _describe_txn("tx-desc"),
+     [("TRANSACTIONAL_ID", "tx-desc", "DESCRIBE")], lambda r: _txn_topics(r)[0], TXN_AUTH,
+     0),
+    # ... and shows only the partitions of topics the principal may describe
+    ("DescribeTransactions shows the topics it describes", _describe_txn("tx-desc"),
+     [("TOPIC", TXN_TOPIC, "DESCRIBE")], _txn_topics, (0, ()), (0, (TXN_TOPIC,)),
+     [("TRANSACTIONAL_ID", "tx-desc", "DESCRIBE")]),
+    # ListTransactions refuses nothing: it lists the transactional ids one may describe
+    ("ListTransactions lists the transactional ids it describes", _list_txns(),
+     [("TRANSACTIONAL_ID", "tx-desc", "DESCRIBE")], _listed_txns, (0, ()),
+     (0, ("tx-desc",))),
     ("DescribeUserScramCredentials describes the cluster", _describe_users(),
-     [("CLUSTER", "kafka-cluster", "DESCRIBE")], lambda r: int(r.error_code),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")], _error_code, CLUSTER_AUTH, 0),
+    ("AlterUserScramCredentials alters the cluster", _alter_users(),
+     [("CLUSTER", "kafka-cluster", "ALTER")], lambda r: int(r.results[0].error_code),
      CLUSTER_AUTH, 0),
     ("DescribeClientQuotas describes the cluster's configs", _describe_quotas(),
-     [("CLUSTER", "kafka-cluster", "ALTER_CONFIGS")], lambda r: int(r.error_code),
-     CLUSTER_AUTH, 0),
-    # (ALTER_CONFIGS on the cluster, granted just above, implies DESCRIBE_CONFIGS)
-    ("DescribeConfigs of a broker", _broker_configs(), [],
-     lambda r: int(r.results[0].error_code), 0, 0),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE_CONFIGS")], _error_code, CLUSTER_AUTH, 0),
+    ("AlterClientQuotas alters the cluster's configs", _alter_quotas(),
+     [("CLUSTER", "kafka-cluster", "ALTER_CONFIGS")],
+     lambda r: int(r.entries[0].error_code), CLUSTER_AUTH, 0),
     ("ConsumerGroupDescribe describes", _consumer_group_describe("g-cdesc"),
      [("GROUP", "g-cdesc", "DESCRIBE")], lambda r: int(r.groups[0].error_code), GROUP_AUTH,
      69),  # GROUP_ID_NOT_FOUND
@@ -589,26 +740,58 @@ ROWS = [
     ("DescribeProducers reads", _describe_producers("t-dprod"),
      [("TOPIC", "t-dprod", "READ")], _partition_code, TOPIC_AUTH, 0),
     ("OffsetDelete deletes the group", _offset_delete("g-odel", "t-dprod"),
-     [("GROUP", "g-odel", "DELETE")], lambda r: int(r.error_code), GROUP_AUTH, 69),
+     [("GROUP", "g-odel", "DELETE")], _error_code, GROUP_AUTH, 69),
     ("ElectLeaders alters the cluster", _elect_leaders("t-dtp"),
      [("CLUSTER", "kafka-cluster", "ALTER")],
      lambda r: int(r.replica_election_results[0].partition_result[0].error_code),
      CLUSTER_AUTH, 84),  # ELECTION_NOT_NEEDED
+    # the top-level code and the partition's (Kafka's getErrorResponse sets both)
+    ("AlterPartitionReassignments alters the cluster", _alter_reassignments("t-reassign"),
+     [("CLUSTER", "kafka-cluster", "ALTER")],
+     lambda r: (int(r.error_code), int(r.responses[0].partitions[0].error_code)),
+     (CLUSTER_AUTH, CLUSTER_AUTH), (0, 0)),
+    # refused, the partitions asked for come back empty (Kafka's getErrorResponse);
+    # granted, only those with a reassignment in progress: none
+    ("ListPartitionReassignments describes the cluster", _list_reassignments("t-reassign"),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")],
+     lambda r: (int(r.error_code), [(t.name, [p.partition_index for p in t.partitions])
+                                    for t in r.topics]),
+     (CLUSTER_AUTH, [("t-reassign", [0])]), (0, [])),
+    # v3+: a top-level code and no results; granted, the node's one log dir
+    ("DescribeLogDirs describes the cluster", _describe_log_dirs(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")],
+     lambda r: (int(r.error_code), len(r.results)), (CLUSTER_AUTH, 0), (0, 1)),
+    ("AlterReplicaLogDirs alters the cluster", _alter_log_dirs("t-reassign"),
+     [("CLUSTER", "kafka-cluster", "ALTER")],
+     lambda r: int(r.results[0].partitions[0].error_code), CLUSTER_AUTH, 0),
+    # DescribeCluster refuses nothing (AuthHelper.computeDescribeClusterResponse): without
+    # DESCRIBE on the cluster the authorized operations are 0, whatever else is allowed
+    ("DescribeCluster shows operations once it describes", _describe_cluster(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")],
+     lambda r: (int(r.error_code), r.cluster_authorized_operations), (0, 0),
+     (0, DESCRIBE_BIT)),
+    ("DescribeCluster shows no operations without DESCRIBE", _describe_cluster(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")],
+     lambda r: (int(r.error_code), r.cluster_authorized_operations), (0, 0),
+     (0, CREATE_BIT | DESCRIBE_BIT), [("CLUSTER", "kafka-cluster", "CREATE")]),
     ("AddPartitionsToTxn writes the transactional id", _add_partitions("tx-add", "t-txn"),
      [("TRANSACTIONAL_ID", "tx-add", "WRITE")], _txn_code, TXN_AUTH, TOPIC_AUTH),
     ("AddPartitionsToTxn writes the topic", _add_partitions("tx-add", "t-txn"),
-     [("TOPIC", "t-txn", "WRITE")], _txn_code, TOPIC_AUTH, 49),
+     [("TOPIC", "t-txn", "WRITE")], _txn_code, TOPIC_AUTH, 49,
+     [("TRANSACTIONAL_ID", "tx-add", "WRITE")]),
     ("TxnOffsetCommit writes the transactional id", _txn_offset_commit("tx-toc", "g-toc",
                                                                        "t-txn2"),
      [("TRANSACTIONAL_ID", "tx-toc", "WRITE")], _partition_code, TXN_AUTH, GROUP_AUTH),
     ("TxnOffsetCommit reads the group", _txn_offset_commit("tx-toc", "g-toc", "t-txn2"),
-     [("GROUP", "g-toc", "READ")], _partition_code, GROUP_AUTH, TOPIC_AUTH),
+     [("GROUP", "g-toc", "READ")], _partition_code, GROUP_AUTH, TOPIC_AUTH,
+     [("TRANSACTIONAL_ID", "tx-toc", "WRITE")]),
     ("TxnOffsetCommit reads the topic", _txn_offset_commit("tx-toc", "g-toc", "t-txn2"),
-     [("TOPIC", "t-txn2", "READ")], _partition_code, TOPIC_AUTH, 49),
+     [("TOPIC", "t-txn2", "READ")], _partition_code, TOPIC_AUTH, 49,
+     [("TRANSACTIONAL_ID", "tx-toc", "WRITE"), ("GROUP", "g-toc", "READ")]),
 ]
 TOPICS = ("t-meta", "t-produce", "t-fetch", "t-list", "t-epoch", "t-del", "t-commit",
           "t-cfg", "t-cfg2", "t-grow", "t-records", "t-dtp", "t-dprod", "t-txn",
-          "t-txn2")
+          "t-txn2", "t-cgh", TXN_TOPIC, "t-reassign")
 
 
 async def _wait_code(client, request, code_of, expected, what, timeout=10.0):
@@ -620,6 +803,64 @@ async def _wait_code(client, request, code_of, expected, what, timeout=10.0):
         code = code_of(await client.call(api_key, version, body))
         if code == expected or trio.current_time() > deadline:
             return code
+        await trio.sleep(0.1)
+
+
+def _acl_creation(kind, name, operation):
+    from mink.broker.security.acls import AclOperation, ResourceType
+
+    return build(_n(ApiKey.CREATE_ACLS, 3, "AclCreation"), resource_type=ResourceType[kind],
+                 resource_name=name, resource_pattern_type=3,  # LITERAL
+                 principal="User:alice", host="*", operation=AclOperation[operation],
+                 permission_type=3)  # ALLOW
+
+
+async def _grant(admin: KafkaClient, grants) -> None:
+    """CreateAcls as the super user: ALLOW alice each (type, name, operation)."""
+    answer = await admin.call(ApiKey.CREATE_ACLS, 3, build(
+        load_request_schema(ApiKey.CREATE_ACLS, 3),
+        creations=tuple(_acl_creation(*g) for g in grants)))
+    assert [int(r.error_code) for r in answer.results] == [0] * len(grants), answer
+
+
+async def _revoke_alice(admin: KafkaClient, node) -> None:
+    """DeleteAcls of every binding of alice, then her ACLs gone from the node's authorizer
+    (it reloads them before answering; waited for all the same, bounded)."""
+    answer = await admin.call(ApiKey.DELETE_ACLS, 3, build(
+        load_request_schema(ApiKey.DELETE_ACLS, 3), filters=(build(
+            _n(ApiKey.DELETE_ACLS, 3, "DeleteAclsFilter"), resource_type_filter=1,
+            resource_name_filter=None, pattern_type_filter=1,  # ANY
+            principal_filter="User:alice", host_filter=None, operation=1,
+            permission_type=1),)))
+    assert int(answer.filter_results[0].error_code) == 0, answer
+    with trio.fail_after(5):
+        while any(b.principal == "User:alice" for b in node.authorizer.index.bindings):
+            await trio.sleep(0.02)
+
+
+async def _prepare_rows(admin: KafkaClient) -> None:
+    """As the super user: the groups the ListGroups rows may see (an offset committed
+    outside any generation makes an empty group) and an ongoing transaction on TXN_TOPIC
+    (tx-desc) for the DescribeTransactions and ListTransactions rows."""
+    for group in LISTED_GROUPS:
+        _, version, body = _commit(group, "t-commit")
+        answer = await _wait_code(admin, (ApiKey.OFFSET_COMMIT, version, body),
+                                  _partition_code, 0, group)
+        assert answer == 0, f"commit for {group}: {answer}"
+    _, version, body = _init_producer("tx-desc")
+    deadline = trio.current_time() + 10
+    while (init := await admin.call(ApiKey.INIT_PRODUCER_ID, version, body)).error_code:
+        assert trio.current_time() < deadline, init  # the coordinator may be loading
+        await trio.sleep(0.1)
+    add = build(load_request_schema(ApiKey.ADD_PARTITIONS_TO_TXN, 3),
+                v3_and_below_transactional_id="tx-desc",
+                v3_and_below_producer_id=init.producer_id,
+                v3_and_below_producer_epoch=init.producer_epoch,
+                v3_and_below_topics=(build(_n(24, 3, "AddPartitionsToTxnTopic"),
+                                           name=TXN_TOPIC, partitions=(0,)),))
+    deadline = trio.current_time() + 10
+    while (code := _txn_code(await admin.call(ApiKey.ADD_PARTITIONS_TO_TXN, 3, add))) != 0:
+        assert trio.current_time() < deadline, f"AddPartitionsToTxn: {code}"
         await trio.sleep(0.1)
 
 
@@ -635,15 +876,18 @@ async def test_every_api_refuses_without_acls_and_serves_once_granted(mink_postg
             await running.create_topic(topic)
         for topic in TOPICS:
             await running.wait_led(topic)
-        async with as_user(where["SASL_PLAINTEXT"]) as client:
-            for what, request, grants, code_of, refused, granted in ROWS:
+        async with await KafkaClient.connect(where["PLAINTEXT"]) as admin, \
+                as_user(where["SASL_PLAINTEXT"]) as client:
+            await _prepare_rows(admin)
+            for what, request, grants, code_of, refused, granted, *given in ROWS:
+                if given:
+                    await _grant(admin, given[0])
                 code = await _wait_code(client, request, code_of, refused, what)
                 assert code == refused, f"{what}: without ACLs {code}, not {refused}"
-                if grants:
-                    await trio.to_thread.run_sync(create_acls, where["PLAINTEXT"], [
-                        binding(kind, name, "User:alice", op) for kind, name, op in grants])
+                await _grant(admin, grants)
                 code = await _wait_code(client, request, code_of, granted, what)
                 assert code == granted, f"{what}: granted {code}, not {granted}"
+                await _revoke_alice(admin, running.node)
 
 
 # -- the rules, with the real clients ---------------------------------------------------------

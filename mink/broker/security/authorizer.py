@@ -184,10 +184,15 @@ class Authorizer:
         return self._operations(ctx, GROUP, group_id, GROUP_SUPPORTED)
 
     def cluster_operations(self, ctx, asked: bool) -> int:
+        """DescribeCluster, Metadata v8-10: none (0) without DESCRIBE on the cluster, whatever
+        else is allowed, as Kafka's AuthHelper.computeDescribeClusterResponse and
+        handleTopicMetadataRequest."""
         if not asked:
             return OMITTED
         if not self.enabled:
             return cluster_operations(True)
+        if not self.cluster(ctx, DESCRIBE):
+            return 0
         return self._operations(ctx, CLUSTER, CLUSTER_NAME, CLUSTER_SUPPORTED)
 
     def memo_key(self, ctx):

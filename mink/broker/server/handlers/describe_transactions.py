@@ -1,5 +1,7 @@
 """DescribeTransactions (KIP-664): the state of transactional ids this node coordinates,
-read from PostgreSQL."""
+read from PostgreSQL. DESCRIBE on each transactional id (else
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED for it), and a transaction's partitions are shown only
+for topics the principal may describe, as Kafka's KafkaApis."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ async def handle(node, ctx, request):
         by_topic: dict[str, list[int]] = {}
         for topic, partition in txn.partitions:
             by_topic.setdefault(topic, []).append(partition)
+        # only the partitions of topics the principal may describe, as Kafka's KafkaApis
+        described = node.authorizer.topics(ctx, DESCRIBE, by_topic)
+        by_topic = {t: p for t, p in by_topic.items() if t in described}
         states.append(build(
             state_schema, error_code=error, transactional_id=transactional_id,
             transaction_state=txn.state,

@@ -28,9 +28,16 @@ async def handle(node, ctx, request):
     ctx.applied()
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     if not node.authorizer.cluster(ctx, DESCRIBE):
+        # as Kafka's getErrorResponse: the partitions asked for, with nothing in them
         return build(schema, throttle_time=NO_THROTTLE,
                      error_code=ErrorCode.cluster_authorization_failed,
-                     error_message="Cluster authorization failed.", topics=())
+                     error_message="Cluster authorization failed.", topics=tuple(
+                         build(nested(schema, "OngoingTopicReassignment"), name=t.name,
+                               partitions=tuple(build(
+                                   nested(schema, "OngoingPartitionReassignment"),
+                                   partition_index=i, replicas=(), adding_replicas=(),
+                                   removing_replicas=()) for i in t.partition_indexes))
+                         for t in request.topics or ()))
     try:
         snapshot = await node.metadata.view()
     except MetadataUnavailable as exc:
