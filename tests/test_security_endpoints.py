@@ -80,7 +80,9 @@ async def test_the_old_forwarding_marker_gains_nothing_on_any_listener(mink_post
 async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):
     """A Produce to a node that does not lead the partition answers NOT_LEADER_OR_FOLLOWER
     with the leader's endpoint (KIP-951) on the listener the request came in on (produce
-    forwarding off, else it would be forwarded)."""
+    forwarding off, else it would be forwarded); so does a follower's Fetch (v16+,
+    node_endpoints), which a non-leader does not serve from a replica view as it serves a
+    consumer's."""
     from kio.schema.errors import ErrorCode
 
     from mink.testing import open_cluster
@@ -104,11 +106,36 @@ async def test_kip951_leader_endpoints_name_the_listener_asked(mink_postgres):
             assert (await sasl_plain(client, "u", "p")).error_code == 0
             response = await client.call(ApiKey.PRODUCE, 10, produce_request(
                 "t951", partition, records_batch(values(1)), version=10))
+            fetched = await client.call(ApiKey.FETCH, 16, _follower_fetch(
+                cluster.nodes[0].node.view.topics["t951"].topic_id, partition, other))
         answer = response.responses[0].partition_responses[0]
         assert answer.error_code == ErrorCode.not_leader_or_follower
         assert answer.current_leader.leader_id == leader
         assert [(e.node_id, f"{e.host}:{e.port}") for e in response.node_endpoints] == [
             (leader, where[leader]["SASL_PLAINTEXT"])]
+        (fetch_answer,) = fetched.responses[0].partitions
+        assert fetch_answer.error_code == ErrorCode.not_leader_or_follower
+        assert fetch_answer.current_leader.leader_id == leader
+        assert [(e.node_id, f"{e.host}:{e.port}") for e in fetched.node_endpoints] == [
+            (leader, where[leader]["SASL_PLAINTEXT"])]
+
+
+def _follower_fetch(topic_id, partition: int, replica_id: int):
+    """Fetch v16 (topics by id, KIP-951's node_endpoints) as the follower `replica_id`."""
+    import datetime
+
+    from mink.protocol.messages import nested
+
+    schema = load_request_schema(ApiKey.FETCH, 16)
+    wanted = build(nested(schema, "FetchPartition"), partition=partition,
+                   current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                   log_start_offset=-1, partition_max_bytes=1 << 20)
+    return build(schema, cluster_id=None, replica_state=build(
+        nested(schema, "ReplicaState"), replica_id=replica_id, replica_epoch=-1),
+        max_wait=datetime.timedelta(milliseconds=10), min_bytes=0, max_bytes=1 << 20,
+        isolation_level=0, session_id=0, session_epoch=-1, topics=(build(
+            nested(schema, "FetchTopic"), topic_id=topic_id, partitions=(wanted,)),),
+        forgotten_topics_data=(), rack_id="")
 
 
 async def test_endpoints_are_written_only_by_the_current_registration(mink_postgres):
