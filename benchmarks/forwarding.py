@@ -2,7 +2,7 @@
 the other node (which forwards it to the leader in an Envelope), in the same run.
 
     python -m benchmarks.forwarding [--requests 400] [--window 5] [--records 10] [--rounds 1]
-                                    [--wal-max-delay-ms MS]
+                                    [--wal-max-delay-ms MS] [--processes]
 
 Two in-process nodes (`mink.testing.open_cluster`, their own PostgreSQL, a `file://` store)
 and a topic of two partitions; the partition node 2 leads gets the load. Each round runs,
@@ -12,7 +12,13 @@ one connection (as librdkafka keeps up to five), then the same one at a time. Re
 route: records/s of the pipelined phase and the latency percentiles of the one-at-a-time
 phase (a request's time from send to answer: the WAL flush and the commit dominate both
 routes). Client and nodes share one process and event loop: the numbers compare the two
-routes, they are not a node's capacity. Results: `results/forwarding-<timestamp>.json`, `.md`.
+routes, they are not a node's capacity. The rounds alternate which route goes first.
+Results: `results/forwarding-<timestamp>.json`, `.md`.
+
+`--processes`: the same Produce rounds against two `mink serve` subprocesses (an embedded
+PostgreSQL, fsync off, and a file:// store), the client alone in this process, as nodes run
+in production; no fetch phase. In one process the forwarding node's work (about 0.35 ms of
+CPU a request) and its hand-offs queue on the event loop the leader and the client use too.
 
 Then Fetch through a non-leader (issue 25) vs from the leader, on the same partition: per
 route, a catch-up read of the whole partition from offset 0 (records/s, MB/s: the leader
@@ -29,10 +35,13 @@ data then).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import shutil
 import statistics
 import struct
+import tempfile
 import time
 from pathlib import Path
 
@@ -244,30 +253,43 @@ async def fetch_phase(cluster, routes: dict, partition: int, args) -> dict:
     return out
 
 
-async def run(args) -> dict:
+async def produce_rounds(routes: dict, partition: int, args) -> list[dict]:
+    """The Produce rounds: per round, each route (to the leader, through node 1), the first
+    one alternating."""
+    await one_at_a_time(routes[1], partition, argparse.Namespace(
+        requests=20, records=args.records))  # warm: the pooled connection, caches
     rows = []
+    order = (("leader", 2), ("forwarded", 1))
+    for round_ in range(args.rounds if args.produce else 0):
+        for route, target in order if round_ % 2 == 0 else order[::-1]:
+            throughput = await pipelined(routes[target], partition, args)
+            latency = await one_at_a_time(routes[target], partition, args)
+            row = {"round": round_, "route": route, **throughput, **latency}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+async def run(args) -> dict:
     settings = {} if args.wal_max_delay_ms is None else {
         "wal_max_delay_ms": args.wal_max_delay_ms}
-    async with open_cluster(2, proxy=False, **settings) as cluster:
-        await cluster.create_topic(TOPIC, partitions=2)
-        partition = next(p for p, leader in cluster.leaders(TOPIC).items() if leader == 2)
-        routes = {}
-        for n in cluster.nodes:
-            host, port = n.node.advertised
-            routes[n.node_id] = f"{host}:{port}"
-        await one_at_a_time(routes[1], partition, argparse.Namespace(
-            requests=20, records=args.records))  # warm: the pooled connection, caches
-        if not args.produce:  # data for the fetch phase
-            await pipelined(routes[2], partition, argparse.Namespace(
-                requests=args.requests * 4, window=args.window, records=args.records))
-        for round_ in range(args.rounds if args.produce else 0):
-            for route, target in (("leader", 2), ("forwarded", 1)):
-                throughput = await pipelined(routes[target], partition, args)
-                latency = await one_at_a_time(routes[target], partition, args)
-                row = {"round": round_, "route": route, **throughput, **latency}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-        fetch = await fetch_phase(cluster, routes, partition, args)
+    fetch = None
+    if args.processes:
+        with node_processes(settings) as (routes, partition):
+            rows = await produce_rounds(routes, partition, args)
+    else:
+        async with open_cluster(2, proxy=False, **settings) as cluster:
+            await cluster.create_topic(TOPIC, partitions=2)
+            partition = next(p for p, leader in cluster.leaders(TOPIC).items() if leader == 2)
+            routes = {}
+            for n in cluster.nodes:
+                host, port = n.node.advertised
+                routes[n.node_id] = f"{host}:{port}"
+            if not args.produce:  # data for the fetch phase
+                await pipelined(routes[2], partition, argparse.Namespace(
+                    requests=args.requests * 4, window=args.window, records=args.records))
+            rows = await produce_rounds(routes, partition, args)
+            fetch = await fetch_phase(cluster, routes, partition, args)
     summary = {}
     for route in ("leader", "forwarded"):
         mine = [r for r in rows if r["route"] == route]
@@ -279,8 +301,57 @@ async def run(args) -> dict:
             "p99_ms": round(statistics.median(r["p99_ms"] for r in mine), 2),
             "errors": sum(r["errors"] for r in mine)}
     return {"requests": args.requests, "window": args.window, "records": args.records,
-            "rounds": args.rounds, "wal_max_delay_ms": args.wal_max_delay_ms, "rows": rows,
-            "summary": summary, "fetch": fetch}
+            "rounds": args.rounds, "wal_max_delay_ms": args.wal_max_delay_ms,
+            "processes": args.processes, "rows": rows, "summary": summary, "fetch": fetch}
+
+
+@contextlib.contextmanager
+def node_processes(settings: dict):
+    """Two `mink serve` subprocesses on an embedded PostgreSQL and a file:// store, and a
+    topic of two partitions: yields ({node id: address}, the partition node 2 leads)."""
+    import psycopg
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from benchmarks.controlled_shutdown import Node, wait_for
+    from mink.storage.embedded_postgres import EmbeddedPostgres
+
+    tmp = Path(tempfile.mkdtemp(prefix="mink-forwarding-"))
+    pg = EmbeddedPostgres(tmp / "pg" / "data", durable=False)
+    nodes = []
+    try:
+        pg.start()
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE forwarding")
+        url = pg.url_for("forwarding")
+        store = tmp / "objects"
+        store.mkdir()
+        nodes = [Node(i, url, store.as_uri(), tmp, settings) for i in (1, 2)]
+        for node in nodes:
+            node.start()
+        with psycopg.connect(url, autocommit=True) as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM nodes WHERE expires_at > "
+                                          "now()").fetchone()[0] == 2, 60, "two live nodes")
+            admin = AdminClient({"bootstrap.servers": nodes[0].address})
+            admin.create_topics([NewTopic(TOPIC, 2, 1)])[TOPIC].result(60)
+
+            def open_leaders() -> dict:
+                return dict(conn.execute(
+                    "SELECT partition, leader_node FROM partitions p JOIN topics t "
+                    "USING (topic_id) WHERE t.name = %s AND stream_state = 'open' AND "
+                    "opened_by_node = leader_node", (TOPIC,)).fetchall())
+
+            leaders = wait_for(lambda: len(led := open_leaders()) == 2 and led, 60,
+                               "the partitions open")
+        if 2 not in leaders.values():
+            raise RuntimeError(f"node 2 leads no partition: {leaders}")
+        yield ({n.node_id: n.address for n in nodes},
+               next(p for p, leader in leaders.items() if leader == 2))
+    finally:
+        for node in nodes:
+            node.stop()
+        if pg.running():
+            pg.stop("immediate")
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write(result: dict) -> Path:
@@ -293,6 +364,33 @@ def write(result: dict) -> Path:
         f"{r['p90_ms']} | {r['p99_ms']} | {r['errors']} |" for r in result["rows"])
     s = result["summary"]
     f = result["fetch"]
+    if f is None:  # --processes: no fetch phase
+        fetch_md = ""
+        where = ("Two `mink serve` subprocesses (embedded PostgreSQL, file:// store); the "
+                 "client in its own process.")
+    else:
+        fetch_md = _fetch_md(f)
+        where = "Two in-process nodes; client and nodes share one process."
+    if not s:
+        base.with_suffix(".md").write_text(fetch_md.lstrip())
+        return base
+    delay = result["wal_max_delay_ms"]
+    base.with_suffix(".md").write_text(
+        f"# Produce forwarding: to the leader vs through the other node\n\n"
+        f"{where} wal_max_delay_ms {'the default' if delay is None else delay}; acks=-1 "
+        f"Produce requests of one batch of {result['records']} "
+        f"100-byte records: {result['requests']} with {result['window']} in flight "
+        f"(records/s), then {result['requests']} one at a time (latency). Median over "
+        f"{result['rounds']} rounds: leader "
+        f"{s['leader']['records_per_s']:,} records/s, p50 {s['leader']['p50_ms']} ms; "
+        f"forwarded {s['forwarded']['records_per_s']:,} records/s, p50 "
+        f"{s['forwarded']['p50_ms']} ms.\n\n"
+        "| round | route | records/s (pipelined) | p50 ms | p90 ms | p99 ms | errors |\n"
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n" + rows + "\n" + fetch_md)
+    return base
+
+
+def _fetch_md(f: dict) -> str:
     fetch_rows = "\n".join(
         f"| {route} | {f[route]['catch_up']['records_per_s']:,} | "
         f"{f[route]['catch_up']['mb_per_s']} | {f[route]['catch_up_again']['mb_per_s']} | "
@@ -310,21 +408,7 @@ def write(result: dict) -> Path:
         f"\n\n| route | catch-up records/s | MB/s | MB/s again | tail p50 ms | p90 ms | "
         f"max ms | poller PG reads/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | "
         f"---: |\n" + fetch_rows + "\n")
-    if not s:
-        base.with_suffix(".md").write_text(fetch_md.lstrip())
-        return base
-    base.with_suffix(".md").write_text(
-        f"# Produce forwarding: to the leader vs through the other node\n\n"
-        f"Two in-process nodes; acks=-1 Produce requests of one batch of {result['records']} "
-        f"100-byte records: {result['requests']} with {result['window']} in flight "
-        f"(records/s), then {result['requests']} one at a time (latency). Client and nodes "
-        f"share one process. Median over {result['rounds']} rounds: leader "
-        f"{s['leader']['records_per_s']:,} records/s, p50 {s['leader']['p50_ms']} ms; "
-        f"forwarded {s['forwarded']['records_per_s']:,} records/s, p50 "
-        f"{s['forwarded']['p50_ms']} ms.\n\n"
-        "| round | route | records/s (pipelined) | p50 ms | p90 ms | p99 ms | errors |\n"
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n" + rows + "\n" + fetch_md)
-    return base
+    return fetch_md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,7 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=1.5)
     parser.add_argument("--no-produce", dest="produce", action="store_false",
                         help="only the fetch phase")
+    parser.add_argument("--processes", action="store_true",
+                        help="the Produce rounds against two `mink serve` subprocesses "
+                             "(no fetch phase)")
     args = parser.parse_args(argv)
+    if args.processes and not args.produce:
+        parser.error("--processes has no fetch phase: it needs the Produce rounds")
     result = trio.run(run, args)
     print(json.dumps(result["summary"], indent=2))
     print(f"results: {write(result)}.md")
