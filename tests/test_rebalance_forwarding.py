@@ -86,7 +86,9 @@ def test_a_rebalance_answers_no_not_leader_with_forwarding_and_some_without(clus
             assert cluster.nodes[node_id].stop() == 0
             start(node_id, False)
             cluster.wait_for(lambda: node_id in cluster.live_nodes(), what="the node back")
-        assert not any(leader == 3 for leader, _ in cluster.leaders("moving").values())
+        assert not any(leader == 3 for leader, _ in cluster.leaders("moving").values()), (
+            "node 3 leads partitions after its controlled shutdown and restart: "
+            f"{cluster.leaders('moving')}")
         wait_open(cluster)
 
         off = rebalance_under_load(cluster, counters, bootstrap, b"off")
