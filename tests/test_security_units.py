@@ -76,6 +76,22 @@ def test_config_checks_listeners():
         ("PLAINTEXT", SecurityProtocol.PLAINTEXT, "127.0.0.1", 9092)]
 
 
+
+def test_config_admin_listener_scheme():
+    env: dict = {}
+    with pytest.raises(ConfigError, match="https:// admin_listener needs ssl_cert_file"):
+        load_config(env=env, overrides={"admin_listener": "https://0.0.0.0:9644"})
+    with pytest.raises(ConfigError, match="http://HOST:PORT or https://HOST:PORT"):
+        load_config(env=env, overrides={"admin_listener": "ftp://0.0.0.0:9644"})
+    for value, scheme in (("127.0.0.1:9644", "http"), ("http://127.0.0.1:9644", "http"),
+                          ("HTTPS://127.0.0.1:9644", "https")):
+        config = load_config(env=env, overrides={"admin_listener": value,
+                                                 "ssl_cert_file": "c", "ssl_key_file": "k"})
+        assert (config.admin_scheme(), config.admin_address()) == (scheme,
+                                                                    ("127.0.0.1", 9644))
+    assert load_config(env=env).admin_scheme() is None
+
+
 # Kafka's SslPrincipalMapper documentation and tests
 RULES = ("RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,"
          "RULE:^CN=(.*?),OU=(.*?),O=(.*?),L=(.*?),ST=(.*?),C=(.*?)$/$1@$2/L,"

@@ -201,8 +201,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     super_users: str = ""
     allow_everyone_if_no_acl_found: bool = False
 
-    # The admin HTTP listener (HOST:PORT): /metrics, /healthz, /readyz. Off unless set; with it
-    # off no metric is kept either.
+    # The admin HTTP listener ([https://]HOST:PORT): /metrics, /healthz, /readyz, /console,
+    # key lookups. Off unless set; with it off no metric is kept either. https:// serves TLS
+    # with ssl_cert_file / ssl_key_file (the Kafka listeners' certificate); the nodes forward
+    # lookups to each other's admin listener over the same scheme, checking the peer's
+    # certificate against ssl_ca_file (else the system's CAs).
     admin_listener: str | None = None
     # How often a group coordinator recomputes its groups' consumer lag for /metrics (the
     # high watermarks of partitions led elsewhere are one PostgreSQL read per refresh).
@@ -250,7 +253,22 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return name
 
     def admin_address(self) -> tuple[str, int] | None:
-        return split_host_port(self.admin_listener) if self.admin_listener else None
+        if not self.admin_listener:
+            return None
+        _, sep, rest = self.admin_listener.partition("://")
+        return split_host_port(rest if sep else self.admin_listener)
+
+    def admin_scheme(self) -> str | None:
+        """"https" or "http" (no scheme given) of the admin listener; None when it is off."""
+        if not self.admin_listener:
+            return None
+        scheme, sep, _ = self.admin_listener.partition("://")
+        if not sep:
+            return "http"
+        if scheme.lower() not in ADMIN_SCHEMES:
+            raise ConfigError(f"admin_listener is http://HOST:PORT or https://HOST:PORT, got "
+                              f"{self.admin_listener!r}")
+        return scheme.lower()
 
     def effective_wal_max_delay_ms(self) -> float:
         if self.wal_max_delay_ms is not None:
@@ -326,6 +344,7 @@ def load_config(
 
 
 SSL_CLIENT_AUTH = ("none", "requested", "required")
+ADMIN_SCHEMES = ("http", "https")
 
 
 def check_security(config: Config) -> None:
@@ -343,6 +362,8 @@ def check_security(config: Config) -> None:
         raise ConfigError(f"ssl_client_auth must be one of {', '.join(SSL_CLIENT_AUTH)}")
     if any(b.protocol.tls for b in bound) and not (config.ssl_cert_file and config.ssl_key_file):
         raise ConfigError("an SSL or SASL_SSL listener needs ssl_cert_file and ssl_key_file")
+    if config.admin_scheme() == "https" and not (config.ssl_cert_file and config.ssl_key_file):
+        raise ConfigError("an https:// admin_listener needs ssl_cert_file and ssl_key_file")
     if config.ssl_client_auth != "none" and not config.ssl_ca_file:
         raise ConfigError("ssl_client_auth needs ssl_ca_file (the CA client certificates "
                           "are checked against)")

@@ -41,7 +41,8 @@ def run_dev(args: argparse.Namespace, overrides: dict) -> int:
         setup_logging(config)
         host, port = config.advertised_address()
         admin = config.admin_address()
-        admin_line = (f"  admin:          http://{admin[0]}:{admin[1]}/metrics, /healthz, "
+        admin_line = (f"  admin:          {config.admin_scheme()}://{admin[0]}:{admin[1]}"
+                      f"/metrics, /healthz, "
                       f"/readyz\n" if admin else "")
         print(f"mink {mink.__version__}: one node, data in {data_dir}\n"
               f"  Kafka clients:  bootstrap.servers={host}:{port}\n"

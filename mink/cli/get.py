@@ -2,22 +2,31 @@
 of its partition's leader, through that node's admin listener (/kv/..., http.py).
 
 Prints the value (raw bytes) and exits 0; exits 1 when the key is not found (deleted or
-never written), 2 when the tablet stayed loading past --timeout or the node is unreachable,
+never written), 2 when the tablet stayed loading past --timeout, the node is unreachable
+or a password would cross the network in cleartext (below),
 3 when the node asked could not reach the partition's leader (any node forwards a lookup
 to the leader's admin listener; its id is printed), 4 when the credentials are refused
 (401) or the user may not read the topic (403).
 
 On a node with the authorizer on or a SASL listener a lookup needs a SCRAM user (HTTP
 Basic; READ on the topic): `--user`, and the password from `--password`, else the
-`MINK_PASSWORD` environment variable, else the terminal (never echoed)."""
+`MINK_PASSWORD` environment variable, else the terminal (never echoed).
+
+`--admin https://HOST:PORT` speaks TLS to a node whose `admin_listener` is https://, the
+node's certificate checked against `--ca-file` (else the system's CAs) and its host name. A
+password is never sent over plain HTTP to another host: `--user` with an http:// (or
+scheme-less) address is refused (exit 2) unless the host is a loopback address, where
+nothing crosses the network."""
 
 from __future__ import annotations
 
 import argparse
 import base64
 import getpass
+import ipaddress
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -30,8 +39,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "get", help="the latest value of a key of a compacted topic (KV tablet lookup)")
     parser.add_argument("topic")
     parser.add_argument("key", help="the key, as UTF-8 text")
-    parser.add_argument("--admin", required=True, metavar="HOST:PORT",
+    parser.add_argument("--admin", required=True, metavar="[https://]HOST:PORT",
                         help="any node's admin listener (forwarded to the leader)")
+    parser.add_argument("--ca-file", metavar="PEM",
+                        help="the CA an https:// admin listener's certificate is checked "
+                             "against (default: the system's CAs)")
     parser.add_argument("--partition", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="how long to retry while the tablet is loading (s)")
@@ -56,22 +68,56 @@ def _password(args: argparse.Namespace) -> str | None:
     return sys.stdin.readline().rstrip("\n")
 
 
+def admin_url(admin: str) -> tuple[str, str]:
+    """(scheme, HOST:PORT) of an --admin address; no scheme is http."""
+    scheme, sep, rest = admin.partition("://")
+    if not sep:
+        return "http", admin
+    if scheme.lower() not in ("http", "https"):
+        raise ValueError(f"expected http:// or https://, got {admin!r}")
+    return scheme.lower(), rest
+
+
+def _loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may be anywhere
+        return False
+
+
+def check_cleartext(admin: str, user: str | None) -> None:
+    """ValueError when a password for `user` would cross the network in cleartext."""
+    scheme, address = admin_url(admin)
+    if user and scheme == "http" and not _loopback(address):
+        raise ValueError(f"refusing to send the password of {user} over plain HTTP; use "
+                         f"https://{address} (the node's admin_listener = \"https://...\"), "
+                         f"with --ca-file")
+
+
 def lookup(admin: str, topic: str, partition: int, key: bytes,
            timeout: float = 30.0, user: str | None = None,
-           password: str | None = None) -> tuple[int, dict]:
+           password: str | None = None, ca_file: str | None = None) -> tuple[int, dict]:
     """(HTTP status, JSON body) of the lookup, retried while the tablet loads (503). A body
-    that is not JSON (a 401 or 403) comes as {"error": its text}."""
-    url = (f"http://{admin}/kv/{quote(topic, safe='')}/{partition}/"
+    that is not JSON (a 401 or 403) comes as {"error": its text}. ValueError, before
+    anything is sent, for a password that would cross the network in cleartext."""
+    check_cleartext(admin, user)
+    scheme, address = admin_url(admin)
+    url = (f"{scheme}://{address}/kv/{quote(topic, safe='')}/{partition}/"
            f"{quote(key, safe='')}")
     headers = {}
     if user:
         login = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
         headers["Authorization"] = f"Basic {login}"
+    context = ssl.create_default_context(cafile=ca_file) if scheme == "https" else None
     deadline = time.monotonic() + timeout
     while True:
         try:
             request = urllib.request.Request(url, headers=headers)
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout,
+                                        context=context) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             raw = exc.read() or b"{}"
@@ -86,9 +132,10 @@ def lookup(admin: str, topic: str, partition: int, key: bytes,
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_cleartext(args.admin, args.user)  # before the password is asked for
         status, body = lookup(args.admin, args.topic, args.partition,
                               args.key.encode("utf-8"), args.timeout, args.user,
-                              _password(args))
+                              _password(args), args.ca_file)
     except (OSError, ValueError) as exc:
         print(f"mink get: {args.admin}: {exc}", file=sys.stderr)
         return 2

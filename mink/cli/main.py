@@ -24,8 +24,10 @@ def _node_flags(parser: argparse.ArgumentParser) -> None:
                         help="s3://bucket/prefix, file:///path or memory://")
     parser.add_argument("--log-level")
     parser.add_argument("--log-format", choices=["text", "json"])
-    parser.add_argument("--admin-listener", metavar="HOST:PORT",
-                        help="serve /metrics, /healthz and /readyz here (off unless set)")
+    parser.add_argument("--admin-listener", metavar="[https://]HOST:PORT",
+                        help="serve /metrics, /healthz, /readyz, /console and key lookups "
+                             "here (off unless set); https:// with ssl_cert_file and "
+                             "ssl_key_file")
 
 
 def _overrides(args: argparse.Namespace) -> dict:

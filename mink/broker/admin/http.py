@@ -9,12 +9,22 @@ when it cannot find it). Lookups need credentials and READ on the topic once the
 authorizer is on or any Kafka listener uses SASL (auth.py: 401, 403); the other routes stay
 open. A hand router is enough for that. The server runs in the node's nursery and stops
 with it.
+
+`admin_listener = "https://HOST:PORT"` serves TLS (hypercorn's trio worker wraps its socket
+in trio's SSLListener) with the Kafka listeners' certificate, `ssl_cert_file` and
+`ssl_key_file`; a lookup is then forwarded over TLS too, the leader's certificate checked
+against `ssl_ca_file` (else the system's CAs) and its host name. The scheme is the
+cluster's: a node forwards with its own (the published admin addresses carry none), as Kafka
+wants one inter-broker security protocol for all brokers. A secured node (auth.py) whose
+admin listener is plain HTTP never forwards a lookup: that would send the inter-broker
+user's password in cleartext; it answers 421 with the leader, and says why at start.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import ssl
 from functools import partial
 from urllib.parse import unquote_to_bytes
 
@@ -28,6 +38,7 @@ from mink.broker.admin.console import PAGE, Console
 from mink.broker.admin.health import readiness
 from mink.broker.config import split_host_port
 from mink.broker.security.authorizer import READ
+from mink.broker.security.tls import HANDSHAKE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,10 @@ class AdminApp:
         self.node = node
         self.console = console
         self.auth = AdminAuth(node)
+        # over https:// lookups are forwarded over TLS, the peer checked against the CA
+        self.peer_tls: ssl.SSLContext | None = None
+        if node.config.admin_scheme() == "https":
+            self.peer_tls = ssl.create_default_context(cafile=node.config.ssl_ca_file)
         self.routes = {"/healthz": self.healthz, "/readyz": self.readyz,
                        "/metrics": self.metrics, "/console": self.console_page,
                        "/console/state": self.console_state}
@@ -114,12 +129,20 @@ class AdminApp:
             # Any node answers: the lookup goes to the leader's admin listener, once.
             address = await self.node.tablets.admin_address_of(found.leader)
             carried = self.auth.forwarding_headers(requester)
+            if carried and self.peer_tls is None:
+                # credentials in cleartext: not sent (serve_admin said so at start)
+                carried = None
+                body["error"] = ("not forwarded: the admin listener is plain HTTP and the "
+                                 "lookup would carry a password; ask the leader")
             if address is not None and carried is not None:
                 try:
                     with trio.fail_after(FORWARD_TIMEOUT_S):
-                        return await _forward(address, raw, carried)
-                except (OSError, trio.TooSlowError, ValueError) as exc:
-                    log.info("lookup forwarded to node %d failed: %r", found.leader, exc)
+                        return await _forward(address, raw, carried, self.peer_tls)
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError,
+                        ValueError) as exc:
+                    reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and (
+                        exc.__cause__ is not None) else exc
+                    log.info("lookup forwarded to node %d failed: %r", found.leader, reason)
                     body["error"] = f"forwarding to node {found.leader} failed"
                     return 502, JSON, _json.encode({**body, "leader": found.leader})
         status = {"not_found": 404, "unknown_topic": 404, "loading": 503,
@@ -160,12 +183,22 @@ def _forwarded(scope) -> bool:
 
 
 async def _forward(address: tuple[str, int], raw_path: bytes,
-                   carried: list[tuple[bytes, bytes]]) -> tuple[int, bytes, bytes]:
+                   carried: list[tuple[bytes, bytes]],
+                   tls: ssl.SSLContext | None = None) -> tuple[int, bytes, bytes]:
     """GET raw_path from another node's admin listener (HTTP/1.1, one request, the
-    connection closed after it) with the `carried` headers (auth.py): (status, content
-    type, body)."""
+    connection closed after it) with the `carried` headers (auth.py), over TLS with `tls`
+    (the peer's certificate and host name checked): (status, content type, body)."""
     host, port = address
     stream = await trio.open_tcp_stream(host, port)
+    if tls is not None:
+        # https_compatible: the answer ends where the server closes, close_notify or not
+        stream = trio.SSLStream(stream, tls, server_hostname=host, https_compatible=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await stream.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
     extra = b"".join(b"%s: %s\r\n" % (name, value) for name, value in carried)
     async with stream:
         await stream.send_all(b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s: 1\r\n%s"
@@ -178,7 +211,10 @@ async def _forward(address: tuple[str, int], raw_path: bytes,
                 raise ValueError("forwarded lookup answer too large")
     head, _, body = bytes(response).partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
-    status = int(lines[0].split()[1])
+    try:  # a peer speaking TLS to plain HTTP closes without an answer
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"no HTTP answer: {bytes(response[:32])!r}") from None
     content_type = JSON
     for line in lines[1:]:
         name, _, value = line.partition(b":")
@@ -220,18 +256,29 @@ async def serve_admin(node, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     host, port = address
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    tls = node.config.admin_scheme() == "https"
+    if tls:  # hypercorn serves TLS when given a certificate and key
+        config.certfile = node.config.ssl_cert_file
+        config.keyfile = node.config.ssl_key_file
+        config.keyfile_password = node.config.ssl_key_password
+        config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
     config.accesslog = None
     config.errorlog = logging.getLogger("mink.broker.admin.hypercorn")
     config.graceful_timeout = 1.0
     config.include_server_header = False
     console = Console(node)
+    app = AdminApp(node, console)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(serve, AdminApp(node, console), config,
-                                            mode="asgi"))
+        binds = await nursery.start(partial(serve, app, config, mode="asgi"))
         bound = split_host_port(binds[0].split("://", 1)[1])
         node.admin_address = bound
         nursery.start_soon(node.metrics.lag.run)
         nursery.start_soon(console.run)
-        log.info("admin listener on http://%s:%d (/metrics, /healthz, /readyz, /console)",
-                 *bound)
+        log.info("admin listener on %s://%s:%d (/metrics, /healthz, /readyz, /console)",
+                 "https" if tls else "http", *bound)
+        if app.auth.required and not tls:
+            log.warning("admin listener: plain HTTP on a node whose key lookups need "
+                        "credentials: their passwords cross the network in cleartext, and "
+                        "lookups are not forwarded to the leader (that would send the "
+                        "inter-broker password); set admin_listener = \"https://HOST:PORT\"")
         task_status.started(bound)
