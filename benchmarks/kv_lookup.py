@@ -1,6 +1,6 @@
 """Key lookups over HTTP (issue 20): latency through the partition's leader and through the
-other node (forwarded to the leader), in the same run; open, and secured (HTTP Basic and
-READ on the topic, mink/broker/admin/auth.py).
+other node (forwarded to the leader), in the same run; open (plain HTTP), and secured (HTTPS,
+HTTP Basic and READ on the topic, mink/broker/admin/auth.py).
 
     python -m benchmarks.kv_lookup [--keys 20000] [--lookups 2000] [--mode both|open|secured]
 
@@ -10,9 +10,12 @@ one partition, `--keys` keys written by confluent-kafka; once the leader's table
 (`mink.cli.get.lookup`: one HTTP connection per lookup, as the CLI makes), first at the
 leader, then at the other node. Each lookup waits for the tablet to reach the high
 watermark it saw, so the figures include that check. Secured: the authorizer on and an
-inter-broker SASL listener (so lookups need credentials), a SCRAM user with READ on the
-topic, its password checked at its first lookup and cached (auth.CACHE_SECONDS) after; a
-forwarded lookup logs in to the leader as the inter-broker user carrying the principal.
+inter-broker SASL listener (so lookups need credentials), the admin listeners on https://
+(test certificates from tests/support/tls.py; a secured node forwards over HTTPS only), a
+SCRAM user with READ on the topic, its password checked at its first lookup and cached
+(auth.CACHE_SECONDS) after; a forwarded lookup logs in to the leader as the inter-broker
+user carrying the principal. Each lookup is a new connection, so secured figures include a
+TLS handshake (two, through the other node).
 Results: `results/kv-lookup-<ts>.json`, `.md`.
 """
 
@@ -22,6 +25,7 @@ import argparse
 import datetime as dt
 import json
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,13 +95,14 @@ def secure(bootstrap: str) -> None:
         future.result(timeout=30)
 
 
-def timed_lookups(admin: str, keys: list[int], login: tuple[str, str] | None) -> list[float]:
+def timed_lookups(admin: str, keys: list[int], login: tuple[str, str] | None,
+                  ca_file: str | None = None) -> list[float]:
     user, password = login or (None, None)
     out = []
     for i in keys:
         started = time.perf_counter()
         status, body = lookup(admin, TOPIC, 0, b"key-%d" % i, timeout=30, user=user,
-                              password=password)
+                              password=password, ca_file=ca_file)
         out.append(time.perf_counter() - started)
         assert status == 200 and body["value"] == f"value-{i}", (status, body)
     return out
@@ -113,9 +118,24 @@ def percentiles(samples: list[float]) -> dict:
 
 
 async def run_mode(args, secured: bool) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        return await _run_mode(args, secured, Path(folder))
+
+
+async def _run_mode(args, secured: bool, folder: Path) -> dict:
     login = READER if secured else None
-    async with open_cluster(2, proxy=False, admin_listener="127.0.0.1:0",
-                            **(SECURED if secured else {})) as cluster:
+    settings: dict = {"admin_listener": "127.0.0.1:0"}
+    ca_file = None
+    if secured:
+        from tests.support.tls import make_certs
+
+        certs = make_certs(folder / "certs")
+        ca_file = str(certs.ca)
+        settings = {**SECURED, "admin_listener": "https://127.0.0.1:0",
+                    "ssl_cert_file": str(certs.server_cert),
+                    "ssl_key_file": str(certs.server_key), "ssl_ca_file": ca_file}
+    scheme = "https://" if secured else ""
+    async with open_cluster(2, proxy=False, **settings) as cluster:
         bootstrap = ",".join(f"{host}:{port}" for node in cluster.nodes
                              for name, _, host, port in node.node.endpoints
                              if name == "PLAINTEXT")
@@ -130,22 +150,24 @@ async def run_mode(args, secured: bool) -> dict:
         with trio.fail_after(60):
             while True:
                 leader_id = (await cluster.wait_led(TOPIC))[0]
-                admin, forwarded = ("%s:%d" % cluster.node(n).node.admin_address
+                admin, forwarded = (scheme + "%s:%d" % cluster.node(n).node.admin_address
                                     for n in (leader_id, 2 if leader_id == 1 else 1))
                 answers = [await trio.to_thread.run_sync(
                     lambda a=a: lookup(a, TOPIC, 0, b"key-0", user=login and login[0],
-                                       password=login and login[1]))
+                                       password=login and login[1], ca_file=ca_file))
                     for a in (admin, forwarded)]
                 if all(status == 200 for status, _ in answers):
                     break
                 await trio.sleep(0.5)
         if secured:  # what is measured is the secured path: no credentials, no answer
-            status, _ = await trio.to_thread.run_sync(lookup, admin, TOPIC, 0, b"key-0")
+            status, _ = await trio.to_thread.run_sync(
+                lambda: lookup(admin, TOPIC, 0, b"key-0", ca_file=ca_file))
             assert status == 401, status
         rng = random.Random(1)
         keys = [rng.randrange(args.keys) for _ in range(args.lookups)]
-        direct = await trio.to_thread.run_sync(timed_lookups, admin, keys, login)
-        via_other = await trio.to_thread.run_sync(timed_lookups, forwarded, keys, login)
+        direct = await trio.to_thread.run_sync(timed_lookups, admin, keys, login, ca_file)
+        via_other = await trio.to_thread.run_sync(timed_lookups, forwarded, keys, login,
+                                                  ca_file)
     return {"leader": percentiles(direct), "through_other_node": percentiles(via_other)}
 
 
@@ -176,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     base.with_suffix(".md").write_text(
         f"# Key lookups over HTTP: {result['keys']} keys, one compacted partition, two nodes\n\n"
         "One HTTP connection per lookup (`mink get`'s client); each waits for the tablet to "
-        "reach the high watermark it saw. Secured: HTTP Basic (a SCRAM user, its password "
-        "cached after the first check) and READ on the topic; forwarded as the inter-broker "
-        "user.\n\n| mode | lookups | n | p50 ms | p99 ms | max ms |\n"
+        "reach the high watermark it saw. Secured: HTTPS (a handshake per connection), "
+        "HTTP Basic (a SCRAM user, its password cached after the first check) and READ on "
+        "the topic; forwarded over HTTPS as the inter-broker user.\n\n| mode | lookups | n | p50 ms | p99 ms | max ms |\n"
         "| --- | --- | ---: | ---: | ---: | ---: |\n" + rows + "\n")
     print(f"results: {base}.md")
     return 0
