@@ -202,7 +202,7 @@ async def test_mink_get_sends_no_password_over_plain_http_to_another_host():
     """Refused before anything is sent (192.0.2.1 is TEST-NET-1: nothing answers there), and
     before the password is asked for."""
     started = trio.current_time()
-    for admin in ("192.0.2.1:9644", "http://192.0.2.1:9644", "http://kv.example.com:9644"):
+    for admin in ("192.0.2.1:9644", "http://kv.example.com:9644"):
         code, _, err = await mink_get(admin, "table", "k1", "--user", "alice")
         assert code == 2 and "refusing to send the password of alice over plain HTTP" in err, (
             admin, err)
