@@ -473,6 +473,13 @@ async def test_admin_clients_describe_and_list_transactions_and_producers(node):
         done.commit_transaction(TIMEOUT)
         admin = KafkaAdminClient(bootstrap_servers=node)
         try:
+            # As in Kafka, EndTxn is answered once PrepareCommit is stored; the markers and
+            # CompleteCommit follow: a describe right after the commit may see PrepareCommit.
+            deadline = time.monotonic() + TIMEOUT
+            while _field(admin.describe_transactions(["txn-admin-done"])["txn-admin-done"],
+                         "state") != "CompleteCommit":
+                assert time.monotonic() < deadline, "the commit never completed"
+                time.sleep(0.05)
             described = admin.describe_transactions(["txn-admin-open", "txn-admin-done"])
             listed = _flat(admin.list_transactions())
             ongoing = _flat(admin.list_transactions(state_filters=["Ongoing"]))
