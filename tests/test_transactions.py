@@ -632,3 +632,48 @@ async def test_kafkajs_transactions(node, kafkajs_modules):
     uncommitted = await trio.to_thread.run_sync(
         lambda: consume_all(node, "kjs", "read_uncommitted", expected=15))
     assert len(uncommitted) == 15, "the aborted ones were written, then aborted"
+
+
+async def test_a_marker_whose_commit_is_slow_is_not_written_twice(mink_postgres, store_url,
+                                                                    monkeypatch):
+    """A marker append still in doubt when the writer's wait ends (its WAL commit slow) stays
+    in flight until its outcome is known: looked for again meanwhile, its row still pending,
+    it was appended a second time (a duplicate marker, seen once under load)."""
+    from mink.broker.transactions import markers
+    from mink.storage.controlplane.postgres import READ
+    from mink.testing import open_node
+
+    monkeypatch.setattr(markers, "WRITE_TIMEOUT_S", 0.1)
+    async with open_node(mink_postgres, store_url=store_url, proxy=False, num_partitions=1,
+                         transaction_state_num_partitions=1) as node:
+        producer = await trio.to_thread.run_sync(txn_producer, node.bootstrap, "txn-slow")
+
+        def write():
+            producer.begin_transaction()
+            for i in range(5):
+                producer.produce("slow", value=b"v-%d" % i, partition=0)
+            producer.flush(TIMEOUT)
+
+        await trio.to_thread.run_sync(write)
+        node.delay_commits(1.5)  # the marker's commit: past the writer's wait, many rounds
+        await trio.to_thread.run_sync(producer.commit_transaction, TIMEOUT)
+
+        async def state():
+            return await node.call(node.node.metadata.fetch_one, READ, """
+                SELECT (SELECT count(*) FROM txn_markers), p.committed_end
+                  FROM partitions p JOIN topics t USING (topic_id) WHERE t.name = 'slow'""")
+
+        with trio.fail_after(30):
+            while (await state())[0] != 0:
+                await trio.sleep(0.1)
+        node.delay_commits(0)
+
+        def one_more():  # acknowledged after every earlier append of the node resolved
+            from confluent_kafka import Producer
+
+            plain = Producer({"bootstrap.servers": node.bootstrap})
+            plain.produce("slow", value=b"after", partition=0)
+            assert plain.flush(TIMEOUT) == 0
+
+        await trio.to_thread.run_sync(one_more)
+        assert (await state())[1] == 7, "5 records, one marker, the record after"

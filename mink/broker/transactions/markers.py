@@ -28,7 +28,7 @@ from mink.protocol.topics import OFFSETS_TOPIC
 from mink.storage import controlplane as md
 from mink.storage.controlplane.groups import Fence
 from mink.storage.controlplane.transactions import NotTransactionCoordinator, PendingMarker
-from mink.storage.log import LogError
+from mink.storage.log import AppendInDoubt, LogError
 from mink.storage.producer_state import ABORT, COMMIT, ProducerAppend
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,17 @@ class MarkerWriter:
                                     transactional=True,
                                     control=COMMIT if marker.commit else ABORT)
             pending = partition_log.append(batch, [1], int(time.time() * 1000), append)
-            offset = await pending.wait(WRITE_TIMEOUT_S)
+            try:
+                offset = await pending.wait(WRITE_TIMEOUT_S)
+            except AppendInDoubt:
+                # Its WAL object may still commit: looked for again now, the marker would be
+                # written twice. It stays in flight until its outcome is known (never
+                # guessed: the WAL writer reads it back if need be).
+                log.info("marker of producer %d at %s-%d not durable after %.0f s: waiting "
+                         "for its outcome", marker.producer_id, topic.name, marker.partition,
+                         WRITE_TIMEOUT_S)
+                await pending.done.wait()
+                offset = await pending.wait()
             self.written += 1
             log.debug("%s marker of producer %d at %s-%d offset %d",
                       "commit" if marker.commit else "abort", marker.producer_id,
