@@ -121,3 +121,23 @@ async def test_a_frame_of_many_buffers_arrives_whole_through_partial_sends():
     assert bytes(received) == expected
     await sender.aclose()
     await receiver.aclose()
+
+
+async def test_a_frame_to_a_client_gone_is_a_broken_stream_not_an_os_error():
+    """sendmsg to a client that closed its socket raises BrokenPipeError; the connection's
+    run ends quietly on trio's BrokenResourceError (what the stream's own sends raise), so
+    send_frame raises that, and the node logs no traceback for a client going away."""
+    import socket
+
+    import pytest
+    import trio
+
+    from mink.broker.server.connection import send_frame
+
+    left, right = socket.socketpair()
+    sender = trio.SocketStream(trio.socket.from_stdlib_socket(left))
+    right.close()
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(3):  # the first send may still be buffered
+            await send_frame(sender, [b"x" * 100_000, memoryview(b"y" * 100_000)])
+    await sender.aclose()

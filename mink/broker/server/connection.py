@@ -398,7 +398,10 @@ async def send_frame(stream, frame: bytes | list) -> None:
     views = [memoryview(part) for part in frame if len(part)]
     first = 0
     while first < len(views):
-        sent = await sock.sendmsg(views[first:first + _IOV_MAX])
+        try:
+            sent = await sock.sendmsg(views[first:first + _IOV_MAX])
+        except OSError as exc:  # as the stream's own sends say it: the client went away
+            raise trio.BrokenResourceError(f"the client went away: {exc!r}") from exc
         while sent and first < len(views):
             size = len(views[first])
             if sent >= size:
