@@ -526,7 +526,11 @@ async def test_join_and_leave_move_only_what_must_move(node, caplog):
         counts = consumed_counts(consumers)
         assert not [c.of("commit_failed") for c in consumers if c.of("commit_failed")]
         twice = {k: n for k, n in counts.items() if n > 1}
-        assert not twice, f"read twice: {sorted(twice)[:10]}"
+        assert not twice, "read twice: " + "; ".join(  # who read each, when, and its value
+            f"{key}: " + ", ".join(f"{c.name} at {e['at'] - joined_at:+.2f} s {e['value']!r}"
+                                  for c in consumers for e in c.of("message")
+                                  if (e["partition"], e["offset"]) == key)
+            for key in sorted(twice)[:5])
         no_partition_owned_twice(caplog)
         print(f"4th member joining -> 4 x 3 partitions owned in {stable_after:.2f} s; "
               f"{len(expected)} messages, commit retries "
