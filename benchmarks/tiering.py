@@ -260,6 +260,53 @@ def _percentiles(values: list[float]) -> dict[str, Any]:
             "max_ms": round(ordered[-1] * 1000, 2)}
 
 
+class _StallRecorder(trio.abc.Instrument):
+    """--stalls MS: every task step of MS or more (the event loop held: the producers' appends
+    and the WAL's commits wait), counted by the phase's mode and where the task stopped."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit, self.mode, self.started = limit_s, "", 0.0
+        self.seen: dict[str, dict[str, list[float]]] = {}
+        self.busy: dict[str, dict[str, float]] = {}  # mode -> task name -> seconds of steps
+
+    def before_task_step(self, task) -> None:
+        self.started = time.perf_counter()
+
+    def after_task_step(self, task) -> None:
+        took = time.perf_counter() - self.started
+        by_task = self.busy.setdefault(self.mode, {})
+        name = task.name.rsplit(".", 1)[-1]
+        by_task[name] = by_task.get(name, 0.0) + took
+        if took >= self.limit:
+            where = _where(task)
+            self.seen.setdefault(self.mode, {}).setdefault(where, []).append(took * 1000)
+
+    def summary(self) -> dict[str, list[str]]:
+        out = {mode: [f"{len(ms)} x {where} (max {max(ms):.0f} ms)" for where, ms in sorted(
+            places.items(), key=lambda item: -sum(item[1]))[:8]]
+            for mode, places in self.seen.items()}
+        for mode, by_task in self.busy.items():
+            out.setdefault(mode, []).append("event loop busy by task (s): " + ", ".join(
+                f"{name} {seconds:.2f}" for name, seconds in sorted(
+                    by_task.items(), key=lambda item: -item[1])[:6]))
+        return out
+
+
+def _where(task) -> str:
+    """The innermost frame outside trio its coroutine chain stopped in."""
+    coro, last = task.coro, "?"
+    for _ in range(50):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        if "/trio/" not in frame.f_code.co_filename:
+            last = f"{frame.f_code.co_qualname}:{frame.f_lineno}"
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        if coro is None:
+            break
+    return f"{task.name.rsplit('.', 1)[-1]} in {last}"
+
+
 async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[str, Any]:
     """A leader's append-to-durable latency with tiering rounds beside it or not."""
     from mink.protocol.records import Record, build_batch
@@ -348,8 +395,13 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                             for j, size in enumerate(sizes):
                                 writes.start_soon(write, f"bare-io/{n}-{j}", size)
 
+                stalls = _StallRecorder(args.stalls_ms / 1000) if args.stalls_ms else None
+                if stalls is not None:
+                    trio.lowlevel.add_instrument(stalls)
                 for i in range(len(modes) * args.phases):
                     mode = modes[i % len(modes)]
+                    if stalls is not None:
+                        stalls.mode = mode
                     before = len(latencies[mode])
                     until = trio.current_time() + args.phase_s
                     async with trio.open_nursery() as phase:
@@ -377,7 +429,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                        if args.burst_phases else {}),
                     **({"io": {**_percentiles(latencies["io"]), "errors": errors["io"],
                                "objects_written": swapped["io"]}} if args.io_phases else {}),
-                    "wal_rows_left": backlog_rows}
+                    "wal_rows_left": backlog_rows,
+                    **({"stalls": stalls.summary()} if stalls is not None else {})}
         finally:
             with trio.CancelScope(shield=True):
                 await metadata.aclose()
@@ -419,6 +472,9 @@ def main_commit_latency(args, argv) -> int:
               f" 0 ({io['objects_written']} objects written) |" if io else ""), "",
           "Per phase: " + "; ".join(f"{p['mode']} p50 {p.get('p50_ms')} p99 {p.get('p99_ms')}"
                                     for p in result["phases"])]
+    for mode, places in result.get("stalls", {}).items():
+        md += ["", f"Task steps of {args.stalls_ms:g} ms or more in the {mode} phases: "
+               + "; ".join(places)]
     (args.out / f"tiering-commit-latency-{stamp}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
@@ -462,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
                              "object writes alone (no tiering)")
     parser.add_argument("--round-interval-s", type=float, default=0.25,
                         help="commit-latency: pause between tiering rounds")
+    parser.add_argument("--stalls-ms", type=float, default=0,
+                        help="commit-latency: count the task steps of this many ms or more "
+                             "by mode and place (a trio instrument; it costs some CPU)")
     args = parser.parse_args(argv)
     if args.mode == "commit-latency":
         return main_commit_latency(args, argv)
