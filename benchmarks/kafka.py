@@ -1333,6 +1333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stalls", type=float, nargs="?", const=20.0, metavar="MS",
                         help="log the node's event-loop task steps of MS (20) ms or more and "
                              "report them per case (costs some node cpu)")
+    parser.add_argument("--rates", metavar="MB/S,...",
+                        help="latency scenario: the offered rates (default 5,20,50)")
+    parser.add_argument("--latency-seconds", type=float, metavar="S",
+                        help="latency scenario: the window per rate (default 30)")
     args = parser.parse_args(argv)
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -1346,6 +1350,10 @@ def main(argv: list[str] | None = None) -> int:
                            stall_ms=args.stalls or 0.0)
     if args.quick:
         quick_config(cfg)
+    if args.rates:
+        cfg.latency_rates_mb_s = [float(r) for r in args.rates.split(",") if r.strip()]
+    if args.latency_seconds:
+        cfg.latency_seconds = args.latency_seconds
     if args.partitions:
         cfg.scale_topics = max(1, args.partitions // cfg.scale_partitions_per_topic)
 

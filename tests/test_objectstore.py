@@ -287,6 +287,34 @@ async def test_file_layout_and_no_leftovers(tmp_path):
         await store.create("wal/.mink-tmp-x", b"reserved")
 
 
+async def test_file_large_objects_are_synced_in_steps(tmp_path, monkeypatch):
+    """An object over 8 MiB is fdatasynced every MiB (a big background object must not make
+    the WAL's fsyncs wait for all of its writeback); a WAL-sized one once, whole."""
+    from mink.storage.objectstore import file as file_store
+
+    synced_at: list[int] = []
+    real_sync = file_store._fdatasync
+
+    def recording_sync(fd):
+        synced_at.append(os.fstat(fd).st_size)
+        real_sync(fd)
+
+    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    store = FileObjectStore(str(tmp_path))
+    mib = 1024 * 1024
+    small = os.urandom(file_store.STEPPED_SYNC_ABOVE)
+    await store.create("small", small)
+    assert synced_at == [len(small)]
+
+    synced_at.clear()
+    pieces = [os.urandom(n) for n in (3, mib - 1, 5 * mib + 7, 1, 3 * mib + 100_000)]
+    await store.create("large", pieces)
+    whole = b"".join(pieces)
+    assert await store.get("large") == whole
+    steps = len(whole) // mib
+    assert synced_at == [k * mib for k in range(1, steps + 1)] + [len(whole)]
+
+
 async def test_file_key_below_an_object(tmp_path):
     store = FileObjectStore(str(tmp_path))
     await store.create("a", b"1")

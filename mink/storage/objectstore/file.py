@@ -54,6 +54,15 @@ _RETRIABLE_ERRNOS = {
 _PERMISSION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 _NO_LINK_ERRNOS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
 _fdatasync = getattr(os, "fdatasync", os.fsync)
+# An object larger than this is written and fdatasynced a step at a time. A WAL object (8 MiB
+# at most by default) is written and synced at once: its latency is a commit's. A bigger one
+# is background work (a stream object, a compacted or KV snapshot object), and one fdatasync
+# of all of it writes back tens of MiB in one go; ext4 (data=ordered) makes the WAL's own
+# fsyncs meanwhile wait for that writeback in its journal commit. In steps, each wait is for
+# one step at most: produce p99 at 20 MB/s with tiering 37-53 -> 31-35 ms, p99.9 92-105 ->
+# 44-48 ms (benchmarks.kafka --scenarios latency --rates 20, three runs each).
+STEPPED_SYNC_ABOVE = 8 * 1024 * 1024
+SYNC_STEP_BYTES = 1024 * 1024
 
 
 class FileObjectStore:
@@ -155,8 +164,12 @@ class FileObjectStore:
             fd = os.open(tmp, flags, 0o666)
         try:
             try:
-                _write_all(fd, buffers)
-                if self.fsync:
+                if not self.fsync:
+                    _write_all(fd, buffers)
+                elif sum(b.nbytes for b in buffers) > STEPPED_SYNC_ABOVE:
+                    _write_synced(fd, buffers, SYNC_STEP_BYTES)
+                else:
+                    _write_all(fd, buffers)
                     _fdatasync(fd)
             finally:
                 os.close(fd)
@@ -348,6 +361,24 @@ def _write_all(fd: int, buffers: list[memoryview]) -> None:
             else:
                 pending[i] = head[written:]
                 written = 0
+
+
+def _write_synced(fd: int, buffers: list[memoryview], step: int) -> None:
+    """The buffers written in order, fdatasynced after every `step` bytes and at the end."""
+    batch: list[memoryview] = []
+    size = 0
+    for buf in buffers:
+        while buf.nbytes:
+            take = min(buf.nbytes, step - size)
+            batch.append(buf[:take])
+            buf = buf[take:]
+            size += take
+            if size >= step:
+                _write_all(fd, batch)
+                _fdatasync(fd)
+                batch, size = [], 0
+    _write_all(fd, batch)
+    _fdatasync(fd)
 
 
 def _unlink_if_present(path: str) -> None:
