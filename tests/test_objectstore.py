@@ -314,6 +314,10 @@ async def test_file_large_objects_are_synced_in_steps(tmp_path, monkeypatch):
     steps = len(whole) // mib
     assert synced_at == [k * mib for k in range(1, steps + 1)] + [len(whole)]
 
+    synced_at.clear()
+    await store.create("whole-steps", os.urandom(9 * mib))
+    assert synced_at == [k * mib for k in range(1, 10)]
+
 
 async def test_file_key_below_an_object(tmp_path):
     store = FileObjectStore(str(tmp_path))

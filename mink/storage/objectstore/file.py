@@ -377,8 +377,9 @@ def _write_synced(fd: int, buffers: list[memoryview], step: int) -> None:
                 _write_all(fd, batch)
                 _fdatasync(fd)
                 batch, size = [], 0
-    _write_all(fd, batch)
-    _fdatasync(fd)
+    if batch:  # else the last step was the end, and synced
+        _write_all(fd, batch)
+        _fdatasync(fd)
 
 
 def _unlink_if_present(path: str) -> None:
