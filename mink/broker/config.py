@@ -262,13 +262,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """"https" or "http" (no scheme given) of the admin listener; None when it is off."""
         if not self.admin_listener:
             return None
-        scheme, sep, _ = self.admin_listener.partition("://")
-        if not sep:
-            return "http"
-        if scheme.lower() not in ADMIN_SCHEMES:
+        try:
+            return split_admin_url(self.admin_listener)[0]
+        except ValueError:
             raise ConfigError(f"admin_listener is http://HOST:PORT or https://HOST:PORT, got "
-                              f"{self.admin_listener!r}")
-        return scheme.lower()
+                              f"{self.admin_listener!r}") from None
 
     def effective_wal_max_delay_ms(self) -> float:
         if self.wal_max_delay_ms is not None:
@@ -345,6 +343,17 @@ def load_config(
 
 SSL_CLIENT_AUTH = ("none", "requested", "required")
 ADMIN_SCHEMES = ("http", "https")
+
+
+def split_admin_url(url: str) -> tuple[str, str]:
+    """(scheme, HOST:PORT) of an admin listener's address; no scheme is http. ValueError
+    for another scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "http", url
+    if scheme.lower() not in ADMIN_SCHEMES:
+        raise ValueError(f"expected http:// or https://, got {url!r}")
+    return scheme.lower(), rest
 
 
 def check_security(config: Config) -> None:

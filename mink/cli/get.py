@@ -33,6 +33,8 @@ import urllib.error
 import urllib.request
 from urllib.parse import quote
 
+from mink.broker.config import split_admin_url
+
 
 def add_parser(commands) -> argparse.ArgumentParser:
     parser = commands.add_parser(
@@ -68,16 +70,6 @@ def _password(args: argparse.Namespace) -> str | None:
     return sys.stdin.readline().rstrip("\n")
 
 
-def admin_url(admin: str) -> tuple[str, str]:
-    """(scheme, HOST:PORT) of an --admin address; no scheme is http."""
-    scheme, sep, rest = admin.partition("://")
-    if not sep:
-        return "http", admin
-    if scheme.lower() not in ("http", "https"):
-        raise ValueError(f"expected http:// or https://, got {admin!r}")
-    return scheme.lower(), rest
-
-
 def _loopback(address: str) -> bool:
     host = address.rpartition(":")[0].strip("[]")
     if host == "localhost":
@@ -90,7 +82,7 @@ def _loopback(address: str) -> bool:
 
 def check_cleartext(admin: str, user: str | None) -> None:
     """ValueError when a password for `user` would cross the network in cleartext."""
-    scheme, address = admin_url(admin)
+    scheme, address = split_admin_url(admin)
     if user and scheme == "http" and not _loopback(address):
         raise ValueError(f"refusing to send the password of {user} over plain HTTP; use "
                          f"https://{address} (the node's admin_listener = \"https://...\"), "
@@ -104,7 +96,7 @@ def lookup(admin: str, topic: str, partition: int, key: bytes,
     that is not JSON (a 401 or 403) comes as {"error": its text}. ValueError, before
     anything is sent, for a password that would cross the network in cleartext."""
     check_cleartext(admin, user)
-    scheme, address = admin_url(admin)
+    scheme, address = split_admin_url(admin)
     url = (f"{scheme}://{address}/kv/{quote(topic, safe='')}/{partition}/"
            f"{quote(key, safe='')}")
     headers = {}

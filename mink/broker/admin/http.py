@@ -140,8 +140,9 @@ class AdminApp:
                         return await _forward(address, raw, carried, self.peer_tls)
                 except (OSError, trio.TooSlowError, trio.BrokenResourceError,
                         ValueError) as exc:
-                    reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and (
-                        exc.__cause__ is not None) else exc
+                    # a failed TLS handshake says why in its cause
+                    reason = (exc.__cause__ or exc) if isinstance(
+                        exc, trio.BrokenResourceError) else exc
                     log.info("lookup forwarded to node %d failed: %r", found.leader, reason)
                     body["error"] = f"forwarding to node {found.leader} failed"
                     return 502, JSON, _json.encode({**body, "leader": found.leader})
