@@ -59,6 +59,23 @@ def _install_gc_log(path: str) -> None:
     gc.callbacks.append(on_gc)
 
 
+def task_stopped_at(task) -> str:
+    """The innermost frame outside trio that a task's coroutine chain is suspended in ("?":
+    the task finished)."""
+    coro, last = task.coro, "?"
+    for _ in range(50):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        if "/trio/" not in frame.f_code.co_filename:
+            last = f"{frame.f_code.co_qualname}:{frame.f_lineno}"
+        nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        if nxt is None:
+            break
+        coro = nxt
+    return last
+
+
 def _install_stall_log(path: str, threshold_ms: float) -> None:
     import time
 
@@ -68,22 +85,6 @@ def _install_stall_log(path: str, threshold_ms: float) -> None:
 
     out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's lifetime
     limit = threshold_ms / 1000
-
-    def where(task) -> str:
-        """The innermost frame outside trio that the task's coroutine chain is suspended in
-        ("?": the task finished)."""
-        coro, last = task.coro, "?"
-        for _ in range(50):
-            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-            if frame is None:
-                break
-            if "/trio/" not in frame.f_code.co_filename:
-                last = f"{frame.f_code.co_qualname}:{frame.f_lineno}"
-            nxt = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-            if nxt is None:
-                break
-            coro = nxt
-        return last
 
     class StallLog(trio.abc.Instrument):
         def __init__(self) -> None:
@@ -96,7 +97,7 @@ def _install_stall_log(path: str, threshold_ms: float) -> None:
             took = time.perf_counter() - self.started
             if took >= limit:
                 out.write(f"{time.monotonic():.6f} {took * 1000:.1f} {task.name.replace(' ', '_')} "
-                          f"{where(task)}\n")
+                          f"{task_stopped_at(task)}\n")
 
     original = node_module.run_node
 

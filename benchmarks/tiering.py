@@ -64,6 +64,7 @@ import trio_asyncio
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 
+from benchmarks.latency_node import task_stopped_at
 from mink import collector
 from mink.protocol.records import Record, build_batch, iter_batches
 from mink.storage.controlplane import MetadataStore
@@ -278,7 +279,7 @@ class _StallRecorder(trio.abc.Instrument):
         name = task.name.rsplit(".", 1)[-1]
         by_task[name] = by_task.get(name, 0.0) + took
         if took >= self.limit:
-            where = _where(task)
+            where = f"{name} in {task_stopped_at(task)}"
             self.seen.setdefault(self.mode, {}).setdefault(where, []).append(took * 1000)
 
     def summary(self) -> dict[str, list[str]]:
@@ -290,21 +291,6 @@ class _StallRecorder(trio.abc.Instrument):
                 f"{name} {seconds:.2f}" for name, seconds in sorted(
                     by_task.items(), key=lambda item: -item[1])[:6]))
         return out
-
-
-def _where(task) -> str:
-    """The innermost frame outside trio its coroutine chain stopped in."""
-    coro, last = task.coro, "?"
-    for _ in range(50):
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:
-            break
-        if "/trio/" not in frame.f_code.co_filename:
-            last = f"{frame.f_code.co_qualname}:{frame.f_lineno}"
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-        if coro is None:
-            break
-    return f"{task.name.rsplit('.', 1)[-1]} in {last}"
 
 
 async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[str, Any]:
