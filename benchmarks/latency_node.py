@@ -88,12 +88,14 @@ def _install_stall_log(path: str, threshold_ms: float) -> None:
 
     class StallLog(trio.abc.Instrument):
         def __init__(self) -> None:
-            self.started = 0.0
+            self.started: float | None = None  # the step that added it is not timed
 
         def before_task_step(self, task) -> None:
             self.started = time.perf_counter()
 
         def after_task_step(self, task) -> None:
+            if self.started is None:
+                return
             took = time.perf_counter() - self.started
             if took >= limit:
                 out.write(f"{time.monotonic():.6f} {took * 1000:.1f} {task.name.replace(' ', '_')} "

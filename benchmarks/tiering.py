@@ -266,7 +266,9 @@ class _StallRecorder(trio.abc.Instrument):
     and the WAL's commits wait), counted by the phase's mode and where the task stopped."""
 
     def __init__(self, limit_s: float) -> None:
-        self.limit, self.mode, self.started = limit_s, "", 0.0
+        self.limit, self.mode = limit_s, ""
+        # None until a step began under this instrument: the step that added it is not timed
+        self.started: float | None = None
         self.seen: dict[str, dict[str, list[float]]] = {}
         self.busy: dict[str, dict[str, float]] = {}  # mode -> task name -> seconds of steps
 
@@ -274,6 +276,8 @@ class _StallRecorder(trio.abc.Instrument):
         self.started = time.perf_counter()
 
     def after_task_step(self, task) -> None:
+        if self.started is None:
+            return
         took = time.perf_counter() - self.started
         by_task = self.busy.setdefault(self.mode, {})
         name = task.name.rsplit(".", 1)[-1]
