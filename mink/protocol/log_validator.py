@@ -113,7 +113,9 @@ class ValidationSettings(NamedTuple):
 
 class ValidBatch(NamedTuple):
     header: BatchHeader  # as the client sent it (max timestamp as sent)
-    batch: bytearray  # the batch to store, max timestamp and CRC patched when they changed
+    # the batch to store, max timestamp and CRC patched when they changed: the request's own
+    # bytes when they were writable (a view of the frame), else a copy
+    batch: bytearray | memoryview
     max_timestamp: int  # computed from the records (now_ms on LogAppendTime topics)
     log_append_time: int | None  # now_ms on LogAppendTime topics, else None
 
@@ -207,6 +209,8 @@ def _patched(header: BatchHeader, batch, max_timestamp: int, log_append_time: bo
             return Refusal(MESSAGE_TOO_LARGE,
                            f"batch of {len(stored)} bytes after recompression is over "
                            "max.message.bytes")
+    elif isinstance(batch, memoryview) and not batch.readonly:
+        stored = batch  # a view of the request's frame, patched where it lies: no copy
     else:
         stored = bytearray(batch)
     set_max_timestamp(stored, 0, LOG_APPEND_TIME if log_append_time else CREATE_TIME,

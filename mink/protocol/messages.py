@@ -2,7 +2,8 @@
 
 kio's gaps (0.6.5): its reader refuses writable buffers (we hand it read-only memoryviews);
 an unknown tagged field raises KeyError instead of being skipped (we treat the request as
-malformed); it has no schema for some old versions (Produce v0-2), which we answer elsewhere.
+malformed); it has no schema for some old versions (Produce v0-2), which we answer elsewhere;
+it copies every records field (Produce is decoded by produce_decoding instead).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from kio.serial import entity_reader, entity_writer
 
 from .fetch_encoding import encode_fetch_response
 from .framing import size_prefix
+from .produce_decoding import FIRST_VERSION as _PRODUCE_FIRST
+from .produce_decoding import LAST_VERSION as _PRODUCE_LAST
+from .produce_decoding import ProduceDecodeError, decode_produce_request
 
 _HEADER_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id: every header version
 
@@ -73,9 +77,17 @@ def _reader_pair(api_key: int, api_version: int) -> tuple[Any, Any]:
     return pair
 
 
-def decode_request(frame: bytes) -> Request:
-    """Decode a frame whose api key and version the caller has checked it serves."""
+def decode_request(frame: bytes | bytearray) -> Request:
+    """Decode a frame whose api key and version the caller has checked it serves.
+
+    Produce is decoded by our own reader, its records left in the frame (produce_decoding)."""
     api_key, api_version, _ = peek_header(frame)
+    if api_key == 0 and _PRODUCE_FIRST <= api_version <= _PRODUCE_LAST:
+        try:
+            fields, body = decode_produce_request(frame)
+        except ProduceDecodeError as exc:
+            raise MalformedRequest(f"cannot decode api 0 v{api_version}: {exc}") from None
+        return Request(RequestHeader(*fields), body)
     try:
         read_header, read_body = _reader_pair(api_key, api_version)
     except KioIndexError:

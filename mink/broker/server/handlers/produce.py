@@ -7,6 +7,7 @@ into this response in the request's order."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -31,6 +32,7 @@ from mink.protocol.recompression import target_codec
 from mink.protocol.records import (
     CREATE_TIME,
     LOG_APPEND_TIME,
+    RECORD_BATCH_OVERHEAD,
     BatchError,
     parse_batch_header,
 )
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 class _PartitionResult:
     __slots__ = ("index", "error", "pending", "base_offset", "log_append_time",
                  "log_start_offset", "leader", "message", "record_errors", "forwarded",
-                 "moved")
+                 "moved", "sent_header")
 
     def __init__(self, index: int):
         self.index = index
@@ -60,6 +62,10 @@ class _PartitionResult:
         self.record_errors = ()
         self.forwarded = False  # sent to its leader: answered by it (produce_forwarding)
         self.moved = False  # appended here, then refused as the partition moved: not written
+        # The batch header as the client sent it, when the batch is patched where it lies
+        # in the request (max timestamp, base offset, leader epoch): a moved part is
+        # forwarded as sent.
+        self.sent_header: bytes | None = None
 
 
 async def handle(node, ctx, request):
@@ -207,7 +213,7 @@ async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionR
     instead of answering NOT_LEADER_OR_FOLLOWER."""
     appended, earlier = appending
     try:
-        moved = [Remote(position, t.name, data, result)
+        moved = [Remote(position, t.name, _as_sent(data, result), result)
                  for position, t in enumerate(request.topic_data)
                  for data, result in zip(t.partition_data, results.get(t.name, ()),
                                          strict=False) if result.moved]
@@ -223,6 +229,15 @@ async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionR
         for key in [k for k, event in marks.items() if event is appended]:
             del marks[key]
     await again.settle()
+
+
+def _as_sent(data, result: _PartitionResult):
+    """A partition's data as the client sent it, before this node patched its batch."""
+    if result.sent_header is None:
+        return data
+    records = bytearray(data.records)
+    records[:len(result.sent_header)] = result.sent_header
+    return dataclasses.replace(data, records=records)
 
 
 # Errors that say "not written, retry": what a batch pipelined behind one is told too.
@@ -289,7 +304,11 @@ def _append(node, name: str, data, version: int, transactional: bool = False,
         return result
     if not data.records:
         return _refused(data.index, ErrorCode.invalid_record, "no record batch")
-    validated = validate_produce_records(data.records, version,
+    records = data.records
+    sent_header = None
+    if isinstance(records, memoryview) and not records.readonly:  # patched where it lies
+        sent_header = bytes(records[:RECORD_BATCH_OVERHEAD])
+    validated = validate_produce_records(records, version,
                                          _settings(node, topic.config, transactional))
     if isinstance(validated, Refusal):
         result = _refused(data.index, ErrorCode(validated.error_code), validated.message)
@@ -297,6 +316,7 @@ def _append(node, name: str, data, version: int, transactional: bool = False,
         return result
     header = validated.header
     result = _PartitionResult(data.index)
+    result.sent_header = sent_header
     if validated.log_append_time is not None:
         result.log_append_time = datetime.datetime.fromtimestamp(
             validated.log_append_time / 1000, datetime.timezone.utc)
