@@ -4,7 +4,7 @@ import datetime
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
@@ -38,6 +38,50 @@ def test_frames_survive_any_split(payloads, chunk):
         while (f := reader.next_frame()) is not None:
             out.append(f)
     assert out == payloads
+
+
+@given(st.lists(st.sampled_from([0, 1, 100, FrameReader.LARGE_FRAME - 1, FrameReader.LARGE_FRAME,
+                                  70_000, 200_000]), max_size=8),
+       st.lists(st.integers(1000, 150_000), min_size=1, max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_frames_received_into_the_reader_survive_any_split(sizes, reads):
+    """As the connection reads (recv_into the reader's buffer), frames small and large and
+    reads of any size; and whole batches fed at once (a client's feed)."""
+    payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    stream = memoryview(b"".join(frame(p) for p in payloads))
+    reader = FrameReader()
+    out, position, turn = [], 0, 0
+    while position < len(stream):
+        target = reader.receive_buffer()
+        assert target.nbytes > 0
+        # every third read 1-3 bytes (sizes split anywhere), the others up to 150 KB
+        want = reads[turn % len(reads)]
+        want = want % 3 + 1 if turn % 3 == 2 else want
+        count = min(target.nbytes, want, len(stream) - position)
+        target[:count] = stream[position:position + count]
+        reader.received(count)
+        position += count
+        turn += 1
+        while (f := reader.next_frame()) is not None:
+            out.append(f)
+    assert out == payloads
+    fed = FrameReader()
+    fed.feed(stream)
+    assert list(iter(fed.next_frame, None)) == payloads
+
+
+def test_a_large_frame_is_received_into_its_own_buffer():
+    payload = bytes(range(256)) * 400  # 100 KiB
+    stream = frame(payload)
+    reader = FrameReader()
+    reader.feed(stream[:1000])  # the size and a little of the frame, through the buffer
+    target = reader.receive_buffer()
+    assert target.nbytes == len(payload) - 996  # exactly the rest of this frame
+    target[:] = stream[1000:]
+    reader.received(target.nbytes)
+    result = reader.next_frame()
+    assert result == payload and isinstance(result, bytearray)
+    assert target.obj is result  # the bytes went where the frame is: no copy after
 
 
 def test_oversized_frame_refused_before_buffering():

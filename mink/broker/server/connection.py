@@ -48,7 +48,6 @@ from mink.broker.server.errors import CloseConnection
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64  # requests read ahead of their responses on one connection
-RECEIVE_BYTES = 256 * 1024
 
 
 class RequestContext:
@@ -204,10 +203,8 @@ class Connection:
                     log.warning("closing connection from %s: %s", self.peer, exc)
                     return
                 if frame is None:
-                    data = await self.stream.receive_some(max(RECEIVE_BYTES, self.reader.wanted()))
-                    if not data:
+                    if not await self._receive():
                         return
-                    self.reader.feed(data)
                     continue
                 if self._throttled_pending or trio.current_time() < self._muted_until:
                     await self._wait_unmuted()
@@ -222,6 +219,23 @@ class Connection:
                     # one is answered: a request's handler time is known only when it is
                     # done, and pipelined requests would overshoot the quota meanwhile.
                     await slot.done.wait()
+
+    async def _receive(self) -> int:
+        """Bytes from the client into the reader's buffer; 0 once the client closed. A plain
+        socket reads straight into it (a large frame's own buffer: no copy in user space);
+        other streams (TLS) are copied in."""
+        target = self.reader.receive_buffer()
+        if isinstance(self.stream, trio.SocketStream):
+            try:
+                count = await self.stream.socket.recv_into(target)
+            except OSError as exc:  # as SocketStream.receive_some translates them
+                raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+        else:
+            data = await self.stream.receive_some(target.nbytes)
+            count = len(data)
+            target[:count] = data
+        self.reader.received(count)
+        return count
 
     def _start_request(self, nursery: trio.Nursery, frame: bytes, slot: _Slot) -> trio.Event | None:
         """Decode and start the handler. Returns the event set once its effects are applied,
