@@ -7,8 +7,8 @@ A trio TCP server on a free loopback port (printed as `PORT <n>`) takes one conn
 sends length-prefixed chunks (4-byte big-endian length, then the bytes; 1 MiB in the
 benchmark) and writes each chunk as one object with mink's object store (`FileObjectStore`
 with fsync, as a node writes its WAL; `S3ObjectStore` through trio_asyncio), with at most
-`--uploads` writes in flight (a node's `wal_max_concurrent_uploads`: 1 for file://, 4 for
-s3://). An empty frame ends the stream: once every chunk is written the server answers with
+`--uploads` writes in flight (the benchmark passes 1 for file://, as a node uploads below
+its `wal_concurrent_upload_min_bytes`, and 4 for s3://). An empty frame ends the stream: once every chunk is written the server answers with
 the number written (8 bytes) and prints `RESULT <json>`. The client is
 `benchmarks.loadgen baseline_client`, in another process.
 

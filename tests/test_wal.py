@@ -459,3 +459,32 @@ async def test_a_stopped_writer_releases_producers_waiting_for_room(metadata, nu
         with pytest.raises((NotLeader, AppendInDoubt)):
             await p.wait(timeout=5)
     hold.set()
+
+
+async def test_a_second_upload_starts_only_for_a_buffer_worth_it(metadata, nursery):
+    """file://'s rule (wal_concurrent_upload_min_bytes): while an upload runs, the next object
+    waits for it unless the buffer holds the minimum; then it uploads beside it."""
+    store = FaultyObjectStore(open_object_store("memory://"))
+    release = trio.Event()
+    store.stall("create", release)
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, store, 1, wal_max_uploads=2,
+                         wal_concurrent_upload_min_bytes=50_000).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+
+    def creates() -> int:
+        return sum(op == "create" and key.startswith("wal/") for op, key in store.calls)
+
+    first = append(log, [b"a" * 100])
+    await trio.testing.wait_all_tasks_blocked()
+    assert creates() == 1
+    small = append(log, [b"b" * 100])
+    await trio.testing.wait_all_tasks_blocked()
+    assert creates() == 1, "a small buffer waits for the running upload"
+    large = append(log, [b"c" * 60_000])
+    await trio.testing.wait_all_tasks_blocked()
+    assert creates() == 2, "a buffer over the minimum uploads beside the running one"
+    release.set()
+    offsets = [await p.wait(timeout=30) for p in (first, small, large)]
+    assert offsets == [0, 1, 2]
+    assert await read_all(log) == [(0, b"a" * 100), (1, b"b" * 100), (2, b"c" * 60_000)]

@@ -27,7 +27,8 @@ SETTLE_EPOCH_LISTINGS = 64
 class Streams:
     def __init__(self, node_id: int, node_epoch: int, objects, metadata, *,
                  wal_max_bytes: int = 8 * 1024 * 1024, wal_max_delay: float = 0.0,
-                 wal_max_uploads: int = 1, commit_timeout: float = 10.0,
+                 wal_max_uploads: int = 1, wal_concurrent_upload_min_bytes: int = 0,
+                 commit_timeout: float = 10.0,
                  tail_cache_bytes: int = 256 * 1024 * 1024,
                  block_cache_bytes: int = 256 * 1024 * 1024,
                  on_node_fenced: Callable[[], None] | None = None,
@@ -42,6 +43,7 @@ class Streams:
         self.caches = ReadCaches(metadata, objects, tail_cache_bytes, block_cache_bytes)
         self.wal = WalWriter(node_id, node_epoch, objects, metadata, max_bytes=wal_max_bytes,
                              max_delay=wal_max_delay, max_uploads=wal_max_uploads,
+                             concurrent_upload_min_bytes=wal_concurrent_upload_min_bytes,
                              commit_timeout=commit_timeout, on_fenced=self._on_fenced,
                              observer=observer)
         self.logs: dict[tuple[uuid.UUID, int], PartitionLog] = {}

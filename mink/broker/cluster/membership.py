@@ -166,11 +166,11 @@ class Membership:
         node = self.node
         config = node.config
         delay = config.effective_wal_max_delay_ms() / 1000
-        uploads = 4 if config.object_store.startswith("s3://") else 1
         node.streams = Streams(
             node.node_id, self.node_epoch, node.objects, node.metadata,
             wal_max_bytes=config.wal_max_bytes, wal_max_delay=delay,
-            wal_max_uploads=config.wal_max_concurrent_uploads or uploads,
+            wal_max_uploads=config.effective_wal_max_concurrent_uploads(),
+            wal_concurrent_upload_min_bytes=config.effective_wal_concurrent_upload_min_bytes(),
             commit_timeout=config.commit_timeout, observer=node.metrics.storage,
             refused_sequences=node.refused_sequences,
             on_node_fenced=lambda: self.stop_leading("a WAL commit found this node's epoch fenced"))
