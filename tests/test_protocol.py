@@ -84,6 +84,20 @@ def test_a_large_frame_is_received_into_its_own_buffer():
     assert target.obj is result  # the bytes went where the frame is: no copy after
 
 
+def test_an_announced_huge_frame_costs_only_the_bytes_sent():
+    """A frame over EAGER_FRAME is not allocated when its size is read: the buffer grows
+    as its bytes arrive, and shrinks back once the frame is taken."""
+    size = 3 * FrameReader.EAGER_FRAME
+    reader = FrameReader()
+    reader.feed(struct.pack(">i", size) + b"x" * 1000)
+    assert reader.receive_buffer().nbytes <= FrameReader.BUFFER_BYTES
+    assert reader.next_frame() is None
+    rest = bytes(range(256)) * ((size - 1000) // 256) + b"y" * ((size - 1000) % 256)
+    reader.feed(rest)
+    assert reader.next_frame() == b"x" * 1000 + rest
+    assert reader.receive_buffer().nbytes == FrameReader.BUFFER_BYTES
+
+
 def test_oversized_frame_refused_before_buffering():
     reader = FrameReader(max_frame_bytes=1024)
     reader.feed(struct.pack(">i", 1025))

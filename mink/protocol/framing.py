@@ -33,6 +33,10 @@ class FrameReader:
 
     BUFFER_BYTES = 64 * 1024
     LARGE_FRAME = 16 * 1024  # at most BUFFER_BYTES - 4: any smaller frame fits the buffer
+    # A frame's own buffer is allocated when its size is read, so only up to this size: a
+    # larger one (rare: a Produce is about a MiB) grows the shared buffer as its bytes
+    # arrive, and a client announcing a huge frame costs only the bytes it sends.
+    EAGER_FRAME = 8 * 1024 * 1024
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
         self.max_frame_bytes = max_frame_bytes
@@ -128,7 +132,8 @@ class FrameReader:
         if available < 4:
             return
         (size,) = _SIZE.unpack_from(self._buffer, self._start)
-        if not self.LARGE_FRAME <= size <= self.max_frame_bytes or available >= 4 + size:
+        if not self.LARGE_FRAME <= size <= min(self.max_frame_bytes, self.EAGER_FRAME) or (
+                available >= 4 + size):
             return
         frame = bytearray(size)
         have = available - 4
@@ -139,6 +144,9 @@ class FrameReader:
     def _rewind_if_empty(self) -> None:
         if self._start == self._end:
             self._start = self._end = 0
+            if len(self._buffer) > self.BUFFER_BYTES:  # grown for a frame over EAGER_FRAME
+                self._buffer = bytearray(self.BUFFER_BYTES)
+                self._view = memoryview(self._buffer)
 
 
 def frame(payload: bytes) -> bytes:
