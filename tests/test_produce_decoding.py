@@ -142,8 +142,7 @@ def test_a_batch_patched_in_the_frame_is_forwarded_as_sent():
     client sent it, or the new leader would refuse it (baseOffset not 0, LogAppendTime)."""
     from mink.broker.server.handlers.produce import _as_sent, _PartitionResult
     from mink.protocol.log_validator import ValidationSettings, validate_produce_records
-    from mink.protocol.records import LOG_APPEND_TIME, RECORD_BATCH_OVERHEAD, Record, \
-        patch_batch
+    from mink.protocol.records import LOG_APPEND_TIME, Record, patch_batch
     from tests.support.batches import records_batch
 
     sent = records_batch([Record(i, i, None, b"v%d" % i) for i in range(3)],
@@ -154,10 +153,10 @@ def test_a_batch_patched_in_the_frame_is_forwarded_as_sent():
                          nested(schema, "PartitionProduceData")(index=0, records=sent),)),))
     frame = bytearray(encode_request(ApiKey.PRODUCE, 9, 1, request)[4:])
     data = decode_request(frame).body.topic_data[0].partition_data[0]
-    result = _PartitionResult(0)
-    result.sent_header = bytes(data.records[:RECORD_BATCH_OVERHEAD])
     valid = validate_produce_records(data.records, 9, ValidationSettings(
         now_ms=1_800_000_000_000, timestamp_type=LOG_APPEND_TIME))
+    result = _PartitionResult(0)
+    result.sent_header = valid.header  # as the handler keeps it
     assert valid.batch.obj is frame  # patched where it lies, no copy
     patch_batch(valid.batch, 0, 1234, 7)
     assert bytes(data.records) != sent

@@ -69,13 +69,7 @@ def _decode(view: memoryview):
     if flexible:
         pos = _skip_tags(view, pos, end)  # the header's
 
-    # transactional_id: a nullable string
-    if flexible:
-        length, pos = _uvarint(view, pos)
-        length -= 1
-    else:
-        (length,) = _INT16.unpack_from(view, pos)
-        pos += 2
+    length, pos = _length(view, pos, flexible, _INT16)  # transactional_id: nullable
     transactional_id = None
     if length >= 0:
         transactional_id, pos = _text(view, pos, length, end)
@@ -87,12 +81,7 @@ def _decode(view: memoryview):
     topic_count, pos = _count(view, pos, flexible, "topic_data")
     topics = []
     for _ in range(topic_count):
-        if flexible:
-            length, pos = _uvarint(view, pos)
-            length -= 1
-        else:
-            (length,) = _INT16.unpack_from(view, pos)
-            pos += 2
+        length, pos = _length(view, pos, flexible, _INT16)
         if length < 0:
             raise ProduceDecodeError("a null topic name")
         name, pos = _text(view, pos, length, end)
@@ -101,12 +90,7 @@ def _decode(view: memoryview):
         for _ in range(partition_count):
             (index,) = _INT32.unpack_from(view, pos)
             pos += 4
-            if flexible:
-                length, pos = _uvarint(view, pos)
-                length -= 1
-            else:
-                (length,) = _INT32.unpack_from(view, pos)
-                pos += 4
+            length, pos = _length(view, pos, flexible, _INT32)
             records = None
             if length >= 0:
                 if pos + length > end:
@@ -138,13 +122,19 @@ def _text(view: memoryview, pos: int, length: int, end: int) -> tuple[str, int]:
     return str(view[pos:pos + length], "utf-8"), pos + length
 
 
-def _count(view: memoryview, pos: int, flexible: bool, what: str) -> tuple[int, int]:
+def _length(view: memoryview, pos: int, flexible: bool, fixed: struct.Struct
+            ) -> tuple[int, int]:
+    """A length or count (-1: null): compact (unsigned varint of n + 1) in flexible
+    versions, else `fixed` (int16 for strings, int32 for bytes and arrays)."""
     if flexible:
-        count, pos = _uvarint(view, pos)
-        count -= 1
-    else:
-        (count,) = _INT32.unpack_from(view, pos)
-        pos += 4
+        value, pos = _uvarint(view, pos)
+        return value - 1, pos
+    (value,) = fixed.unpack_from(view, pos)
+    return value, pos + fixed.size
+
+
+def _count(view: memoryview, pos: int, flexible: bool, what: str) -> tuple[int, int]:
+    count, pos = _length(view, pos, flexible, _INT32)
     if count < 0:
         raise ProduceDecodeError(f"a null {what} array")
     if count > len(view) - pos:  # every element takes a byte at least

@@ -366,6 +366,11 @@ def patched_batch(batch: Buffer, base_offset: int, leader_epoch: int) -> bytes:
     return _PREFIX.pack(base_offset, batch_length, leader_epoch) + view[MAGIC_OFFSET:]
 
 
+def write_batch_header(buf: bytearray | memoryview, header: BatchHeader, pos: int = 0) -> None:
+    """Write a parsed header back, field for field (its CRC as it is)."""
+    _HEADER.pack_into(buf, pos, *header)
+
+
 def set_max_timestamp(
     buf: bytearray | memoryview, pos: int, timestamp_type: int, max_timestamp: int
 ) -> bool:

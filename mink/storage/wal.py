@@ -152,10 +152,9 @@ class WalWriter:
         self.commit_timeout = commit_timeout
         self.max_buffered_bytes = max_buffered_bytes or max_bytes * (max_uploads + 4)
         self.on_fenced = on_fenced or (lambda _log, _reason: None)
-        self._upload_slots = trio.Semaphore(max_uploads)
+        self._upload_slots = trio.Semaphore(max_uploads, max_value=max_uploads)
         # An upload beyond the first starts only once this much waits in the buffer.
         self.concurrent_upload_min_bytes = concurrent_upload_min_bytes
-        self._uploading = 0
         self._buffer: dict[PartitionLog, list[_Entry]] = {}
         self._buffer_bytes = 0
         self._buffer_started = 0.0
@@ -233,7 +232,8 @@ class WalWriter:
             # On file:// a second upload starts only for a buffer worth its fsync: at low
             # rates one at a time keeps fsyncs from waiting on each other in the file
             # system's journal; under load the next object uploads while the last syncs.
-            while self._uploading and self._buffer_bytes < self.concurrent_upload_min_bytes:
+            while (self._upload_slots.value < self._upload_slots.max_value
+                   and self._buffer_bytes < self.concurrent_upload_min_bytes):
                 await self._wait_for_data()  # or for the running upload's end
             # Waiting for a slot lets the buffer grow: group commit under load.
             await self._upload_slots.acquire()
@@ -242,7 +242,6 @@ class WalWriter:
                 self._upload_slots.release()
                 continue
             self._in_flight.append(obj)
-            self._uploading += 1
             nursery.start_soon(self._upload, obj)
 
     def _seal(self) -> _WalObject | None:
@@ -291,7 +290,6 @@ class WalWriter:
                 log.warning("upload of %s failed: %s", obj.key, exc)
             obj.upload_error = exc
         finally:
-            self._uploading -= 1
             self._data_added.set()  # the flush loop may be waiting for this end
             self._upload_slots.release()
             obj.uploaded.set()

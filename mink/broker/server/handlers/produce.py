@@ -32,9 +32,10 @@ from mink.protocol.recompression import target_codec
 from mink.protocol.records import (
     CREATE_TIME,
     LOG_APPEND_TIME,
-    RECORD_BATCH_OVERHEAD,
     BatchError,
+    BatchHeader,
     parse_batch_header,
+    write_batch_header,
 )
 from mink.protocol.topics import INTERNAL_TOPICS
 from mink.storage.log import DuplicateBatch, LogError, NotLeader
@@ -62,10 +63,10 @@ class _PartitionResult:
         self.record_errors = ()
         self.forwarded = False  # sent to its leader: answered by it (produce_forwarding)
         self.moved = False  # appended here, then refused as the partition moved: not written
-        # The batch header as the client sent it, when the batch is patched where it lies
-        # in the request (max timestamp, base offset, leader epoch): a moved part is
+        # The batch header as the client sent it: the batch may be patched where it lies in
+        # the request (max timestamp, base offset, leader epoch), and a moved part is
         # forwarded as sent.
-        self.sent_header: bytes | None = None
+        self.sent_header: BatchHeader | None = None
 
 
 async def handle(node, ctx, request):
@@ -236,7 +237,7 @@ def _as_sent(data, result: _PartitionResult):
     if result.sent_header is None:
         return data
     records = bytearray(data.records)
-    records[:len(result.sent_header)] = result.sent_header
+    write_batch_header(records, result.sent_header)
     return dataclasses.replace(data, records=records)
 
 
@@ -304,11 +305,7 @@ def _append(node, name: str, data, version: int, transactional: bool = False,
         return result
     if not data.records:
         return _refused(data.index, ErrorCode.invalid_record, "no record batch")
-    records = data.records
-    sent_header = None
-    if isinstance(records, memoryview) and not records.readonly:  # patched where it lies
-        sent_header = bytes(records[:RECORD_BATCH_OVERHEAD])
-    validated = validate_produce_records(records, version,
+    validated = validate_produce_records(data.records, version,
                                          _settings(node, topic.config, transactional))
     if isinstance(validated, Refusal):
         result = _refused(data.index, ErrorCode(validated.error_code), validated.message)
@@ -316,7 +313,7 @@ def _append(node, name: str, data, version: int, transactional: bool = False,
         return result
     header = validated.header
     result = _PartitionResult(data.index)
-    result.sent_header = sent_header
+    result.sent_header = header
     if validated.log_append_time is not None:
         result.log_append_time = datetime.datetime.fromtimestamp(
             validated.log_append_time / 1000, datetime.timezone.utc)
