@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from mink.storage.objectstore import (
     MemoryObjectStore,
     ObjectExists,
     ObjectNotFound,
+    ObjectRange,
     ObjectStoreConfigError,
     ObjectStoreError,
     ObjectStoreUnavailable,
@@ -672,16 +674,76 @@ async def test_faulty_store_stall():
     assert await store.get("k") == b"v"
 
 
-async def test_file_get_ranges_answers_as_its_gets_would(tmp_path):
-    """The batched gets of file:// (tiering's reads): in order, each clipped like `get`,
-    in one hop; a missing object or a bad range raises as its own `get` does."""
+async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_path, monkeypatch):
+    """compose (tiering's stream objects on file://): buffers and other objects' ranges back
+    to back, create-if-absent, synced a MiB at a time as a large create is; the ranges
+    copied by copy_file_range, or through a buffer where the filesystem refuses it."""
+    from mink.storage.objectstore import file as file_store
+
+    synced_at: list[int] = []
+    real_sync = file_store._fdatasync
+
+    def recording_sync(fd):
+        synced_at.append(os.fstat(fd).st_size)
+        real_sync(fd)
+
+    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    store = FileObjectStore(str(tmp_path))
+    mib = 1024 * 1024
+    a, b = os.urandom(3 * mib + 5), os.urandom(2 * mib)
+    await store.create("wal/a", a)
+    await store.create("wal/b", b)
+    synced_at.clear()
+    parts = [ObjectRange("wal/a", 7, 3 * mib), b"head", ObjectRange("wal/b", 0, 2 * mib),
+             ObjectRange("wal/a", 3 * mib, 3 * mib + 5), ObjectRange("wal/a", 9, 9), b"tail"]
+    await store.compose("stream/1", parts)
+    whole = a[7:3 * mib] + b"head" + b + a[3 * mib:] + b"tail"
+    assert await store.get("stream/1") == whole
+    assert synced_at == [k * mib for k in range(1, len(whole) // mib + 1)] + [len(whole)]
+
+    with pytest.raises(ObjectExists):
+        await store.compose("stream/1", [b"other"])
+    with pytest.raises(ObjectNotFound):
+        await store.compose("stream/2", [b"x", ObjectRange("wal/missing", 0, 1)])
+    with pytest.raises(ObjectStoreError, match="ends before"):
+        await store.compose("stream/2", [ObjectRange("wal/b", mib, 2 * mib + 1)])
+    with pytest.raises(ValueError):
+        await store.compose("stream/2", [ObjectRange("wal/b", 5, 4)])
+    assert await store.list("stream/") == ["stream/1"]
+    assert sorted(p.name for p in (tmp_path / "stream").iterdir()) == ["1"]  # no temporaries
+
+    def refused(*args):
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(file_store, "_copy_file_range", refused)
+    await store.compose("stream/3", parts)
+    assert await store.get("stream/3") == whole
+
+
+async def test_file_scan_reads_objects_into_a_buffer_in_a_worker_thread(tmp_path):
+    """scan (tiering's batch-header walk on file://): fn gets a reader that fills a buffer
+    from any object at any position, short only at the object's end, in a worker thread;
+    a missing object raises ObjectNotFound, and fn's own errors come out as they are."""
     store = FileObjectStore(str(tmp_path))
     await store.create("a", b"0123456789")
     await store.create("b/c", b"abcdef")
-    ranges = [("a", 2, 5), ("b/c", 0, None), ("a", 8, 100), ("a", 4, 4), ("a", 6, 3), ("b/c", 5, 6)]
-    assert await store.get_ranges(ranges) == [await store.get(*r) for r in ranges]
-    assert await store.get_ranges([]) == []
+    main_thread = threading.get_ident()
+
+    def fn(read_into):
+        buf = memoryview(bytearray(4))
+        out = []
+        for key, position in [("a", 2), ("b/c", 0), ("a", 8), ("a", 10), ("b/c", 3)]:
+            n = read_into(key, position, buf)
+            out.append(bytes(buf[:n]))
+        return out, threading.get_ident()
+
+    got, thread = await store.scan(fn)
+    assert got == [b"2345", b"abcd", b"89", b"", b"def"] and thread != main_thread
     with pytest.raises(ObjectNotFound):
-        await store.get_ranges([("a", 0, 1), ("missing", 0, 1)])
-    with pytest.raises(ValueError):
-        await store.get_ranges([("a", -1, 1)])
+        await store.scan(lambda read_into: read_into("missing", 0, memoryview(bytearray(1))))
+
+    def fails(read_into):
+        raise KeyError("mine")
+
+    with pytest.raises(KeyError):
+        await store.scan(fails)

@@ -5,6 +5,7 @@ a changed index refused; WAL objects collected once their last row is swapped.""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -905,20 +906,14 @@ async def test_a_job_that_fails_or_is_cancelled_gives_its_upload_up(metadata, nu
     assert all(not is_stream_object(r.object_key) for r in await index_rows(metadata, topic, 0))
 
 
-def test_rows_are_read_in_chunks_within_both_bounds():
-    rows = [tiering.WalRow(i, i, f"k{i}", 0, size) for i, size in
-            enumerate([10, 10, 10, 50, 10, 200, 10])]
-    assert [list(c) for c in tiering._chunks(rows, 3, 100)] == [[0, 1, 2], [3, 4], [5], [6]]
-    assert [list(c) for c in tiering._chunks(rows, 10, 1000)] == [list(range(7))]
-    assert tiering._chunks([], 3, 100) == []
-
-
-async def test_a_job_reads_a_file_stores_rows_in_chunks_not_a_get_per_row(
+async def test_a_job_on_a_file_store_copies_rows_in_the_kernel_reading_only_headers(
         metadata, nursery, tmp_path, monkeypatch):
-    """A row is one WAL flush of one partition, often one small batch: on file:// a job
-    reads them through the store's batched gets, a few worker-thread hops for the whole
-    plan rather than a task and a hop per row, and the object is the same."""
+    """On file:// a job reads none of its rows into memory: one scan walks their batch
+    headers through a small window, and one compose copies their ranges into the object,
+    which is byte for byte the object assembled in memory from the same rows. Ranges that
+    are not whole batches are refused as the in-memory walk refuses them."""
     from mink.storage.objectstore import open_object_store
+    from mink.storage.stream_object import StreamObjectError, StreamObjectWriter
 
     files = open_object_store(tmp_path.as_uri())
     topic = await make_topic(metadata, 1)
@@ -928,27 +923,56 @@ async def test_a_job_reads_a_file_stores_rows_in_chunks_not_a_get_per_row(
     before = values_of(await log.read(0, 100 << 20))
     epoch = await coordinator_epoch(metadata, streams.node_epoch)
     (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
-    assert len(plan.rows) > 2 * tiering.CHUNK_CONCURRENCY
-    calls = {"get": 0, "get_ranges": 0}
+    calls: list[str] = []
+    read_bytes: list[int] = []
 
     class Counting:
         async def get(self, key, start=0, end=None):
-            calls["get"] += 1
+            calls.append("get")
             return await files.get(key, start, end)
 
-        async def get_ranges(self, ranges):
-            calls["get_ranges"] += 1
-            return await files.get_ranges(ranges)
+        async def create(self, key, data):
+            calls.append("create")
+            return await files.create(key, data)
+
+        async def compose(self, key, parts):
+            calls.append("compose")
+            return await files.compose(key, parts)
+
+        async def scan(self, fn):
+            calls.append("scan")
+
+            def counted(read_into):
+                def read(key, position, buffer):
+                    read_bytes.append(read_into(key, position, buffer))
+                    return read_bytes[-1]
+                return fn(read)
+            return await files.scan(counted)
 
         def __getattr__(self, name):
             return getattr(files, name)
 
-    monkeypatch.setattr(tiering, "CHUNK_RANGES", 7)  # several chunks, two in flight
-    chunks = tiering._chunks(plan.rows, tiering.CHUNK_RANGES, tiering.CHUNK_BYTES)
-    assert len(chunks) > tiering.CHUNK_CONCURRENCY
+    def changed(**change) -> tiering.StreamObjectPlan:
+        last = dataclasses.replace(plan.rows[-1], **change)
+        return tiering.StreamObjectPlan(plan.topic_id, plan.partition, [*plan.rows[:-1], last])
+
+    last = plan.rows[-1]
+    with pytest.raises(StreamObjectError, match="runs past"):
+        await tiering.write_stream_object(metadata, files, epoch, changed(byte_end=last.byte_end - 1))
+    with pytest.raises(StreamObjectError, match="no batch header"):
+        await tiering.write_stream_object(metadata, files, epoch,
+                                          changed(byte_start=last.byte_start + 1))
+    assert await tiering.open_uploads(metadata) == []
+
+    monkeypatch.setattr(tiering, "WALK_WINDOW", 100)  # a header and a few bytes at a time
     key = await tiering.write_stream_object(metadata, Counting(), epoch, plan)
-    assert calls == {"get": 0, "get_ranges": len(chunks)} and len(chunks) < len(plan.rows)
+    assert calls == ["scan", "compose"]
+    assert sum(read_bytes) < plan.size // 20, "headers read, not the records"
     assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    in_memory = StreamObjectWriter(plan.topic_id, plan.partition)
+    for row in plan.rows:
+        in_memory.add(await files.get(row.object_key, row.byte_start, row.byte_end))
+    assert await files.get(key) == b"".join(bytes(p) for p in in_memory.finish())
     cold = _reader(Streams(1, streams.node_epoch, files, metadata), topic.topic_id, 0,
                    await metadata.stream_state(topic.topic_id, 0))
     assert values_of(await cold.read(0, 100 << 20)) == before

@@ -25,12 +25,18 @@ from __future__ import annotations
 import bisect
 import struct
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 import msgspec
 import trio
 
-from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD, BatchHeader, parse_batch_header
+from mink.protocol.records import (
+    LOG_OVERHEAD,
+    RECORD_BATCH_OVERHEAD,
+    BatchError,
+    BatchHeader,
+    parse_batch_header,
+)
 
 STREAM_OBJECT_PREFIX = "stream/"
 STREAM_MAGIC = b"MSTR"
@@ -85,10 +91,33 @@ def stream_object_key(topic_id: uuid.UUID, partition: int, base_offset: int,
             f"{base_offset:020d}-{last_offset:020d}-{unique}")
 
 
+def read_batch_header(buf: memoryview, position: int) -> BatchHeader:
+    """The v2 batch header at `position`; StreamObjectError if there is none."""
+    try:
+        return parse_batch_header(buf, position)
+    except BatchError as exc:
+        raise StreamObjectError(f"no batch header at byte {position}: {exc}") from None
+
+
+def walk_batches(view: memoryview) -> Iterator[tuple[BatchHeader, int]]:
+    """(header, position) of each batch of `view`, which must be whole batches."""
+    position = 0
+    while position < len(view):
+        if len(view) - position < RECORD_BATCH_OVERHEAD:
+            raise StreamObjectError(f"{len(view) - position} trailing bytes are no batch")
+        header = read_batch_header(view, position)
+        size = header.batch_length + LOG_OVERHEAD
+        if size < RECORD_BATCH_OVERHEAD or position + size > len(view):
+            raise StreamObjectError(f"batch at offset {header.base_offset} is truncated")
+        yield header, position
+        position += size
+
+
 class StreamObjectWriter:
     """Collects a partition's committed batches in offset order and builds the object.
-    `add` takes the bytes of one index row (whole batches); nothing is copied until
-    `finish` returns the parts to upload (scatter-gather)."""
+    `add` takes the bytes of one index row (whole batches), `add_batches` the headers of
+    one walked elsewhere; nothing is copied: `finish` returns the parts to upload
+    (scatter-gather), or to compose from the ranges they came from."""
 
     def __init__(self, topic_id: uuid.UUID, partition: int, *,
                  index_interval: int = DEFAULT_INDEX_INTERVAL,
@@ -100,7 +129,7 @@ class StreamObjectWriter:
         # (base, last); its batches lie within them with gaps, where records were compacted
         # away. None: the batches follow each other and cover exactly their own offsets.
         self.covers = covers
-        self.parts: list[memoryview] = []
+        self.parts: list = []  # what add and add_batches were given for each part
         self.index: list[IndexEntry] = []
         self.base_offset: int | None = None
         self.next_offset: int | None = None
@@ -113,14 +142,14 @@ class StreamObjectWriter:
         """Whole v2 batches continuing exactly at the next offset; StreamObjectError
         otherwise (the bytes read back are not what the index rows promised)."""
         view = memoryview(data)
-        position = 0
-        while position < len(view):
-            if len(view) - position < RECORD_BATCH_OVERHEAD:
-                raise StreamObjectError(f"{len(view) - position} trailing bytes are no batch")
-            header = parse_batch_header(view, position)
-            size = header.batch_length + LOG_OVERHEAD
-            if size < RECORD_BATCH_OVERHEAD or position + size > len(view):
-                raise StreamObjectError(f"batch at offset {header.base_offset} is truncated")
+        self.add_batches(walk_batches(view), view, len(view))
+
+    def add_batches(self, batches: Iterable[tuple[BatchHeader, int]], part: object,
+                    length: int) -> None:
+        """Whole batches walked elsewhere, `length` bytes in all: (header, position within
+        them) in order; `part` is what `finish` gives back for these bytes (their bytes, or
+        a range of the object they are read from)."""
+        for header, position in batches:
             if self.next_offset is not None and (
                     header.base_offset < self.next_offset if self.covers is not None
                     else header.base_offset != self.next_offset):
@@ -143,9 +172,8 @@ class StreamObjectWriter:
             self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
             self.next_offset = header.last_offset + 1
             self.batch_count += 1
-            position += size
-        self.parts.append(view)
-        self.data_length += len(view)
+        self.parts.append(part)
+        self.data_length += length
 
     @property
     def last_offset(self) -> int:
@@ -164,7 +192,7 @@ class StreamObjectWriter:
             max_timestamp=self.max_timestamp, index_interval=self.index_interval,
             index=self.index)
 
-    def finish(self) -> list[bytes | memoryview]:
+    def finish(self) -> list:
         encoded = _encode(self.footer())
         return [*self.parts, encoded, TRAILER.pack(len(encoded), STREAM_MAGIC)]
 

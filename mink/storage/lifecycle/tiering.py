@@ -11,8 +11,9 @@ topic nobody holds the writer lease of carries none, and is refused once somebod
    job that ends short of its swap (refused, failed, cancelled) gives it up at once, and
    the upload of a node that died is found and deleted later (`sweep_uploads`);
 2. the rows' byte ranges are read from their WAL objects (ranged GETs) and checked to be
-   whole batches that follow each other;
-3. the stream object is created (create-if-absent, a key no other attempt uses);
+   whole batches that follow each other; on file:// only their batch headers are read;
+3. the stream object is created (create-if-absent, a key no other attempt uses); on
+   file:// it is copied together from the WAL objects' ranges in the kernel (`compose`);
 4. the swap: one transaction replaces exactly the rows read with one row for the object, or
    refuses (stale coordinator or writer lease epoch, rows changed by retention meanwhile,
    partition gone) and changes nothing in the index. WAL objects whose last row went are
@@ -35,10 +36,14 @@ import msgspec
 import trio
 
 from mink.storage.controlplane import MetadataStore
+from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
+from mink.storage.objectstore.base import ObjectRange
 from mink.storage.stream_object import (
     DEFAULT_INDEX_INTERVAL,
+    StreamObjectError,
     StreamObjectWriter,
+    read_batch_header,
     stream_object_key,
 )
 
@@ -49,18 +54,16 @@ PLAN_ROWS = 20_000
 # Rows per planning query (wal_row_pages).
 PAGE_ROWS = 1_000
 _FIRST_TOPIC = uuid.UUID(int=0)
-# Ranged GETs in flight for one stream object.
+# Ranged GETs in flight for one stream object (a store that cannot compose).
 READ_CONCURRENCY = 8
-# A store with batched gets (file://: `get_ranges`, one worker-thread hop for many ranges)
-# is read in chunks of this many ranges or bytes, two chunks in flight: a row is one WAL
-# flush's bytes of one partition, often a single small batch, and a task and a thread hop
-# per row took event-loop time from the leader's commits.
-CHUNK_RANGES = 256
-CHUNK_BYTES = 4 * 1024 * 1024
-CHUNK_CONCURRENCY = 2
 # The stream object is assembled in steps of this many bytes, each step a checkpoint, so a
 # large object's batch walk does not hold the event loop in one step.
 ASSEMBLY_STEP_BYTES = 1024 * 1024
+# A store that composes objects from other objects' ranges (file://: `scan` and `compose`)
+# is not read into memory: the rows' batch headers are read through a window of this many
+# bytes (a row of small batches in one read, a large batch's header without its records),
+# and the object is copied together by the store.
+WALK_WINDOW = 64 * 1024
 
 # Rows retention is about to delete are left out (`kept_ms`: topic -> a row is planned only
 # if its running max timestamp is at most that old, i.e. retention keeps it long enough
@@ -280,20 +283,6 @@ class TieringRefused(Exception):
         self.reason = reason
 
 
-def _chunks(rows: list[WalRow], max_ranges: int, max_bytes: int) -> list[range]:
-    """Consecutive runs of the rows (as index ranges), each within both bounds (a row
-    larger than max_bytes is a chunk of its own)."""
-    chunks, first, size = [], 0, 0
-    for i, row in enumerate(rows):
-        if i > first and (i - first >= max_ranges or size + row.size > max_bytes):
-            chunks.append(range(first, i))
-            first, size = i, 0
-        size += row.size
-    if first < len(rows):
-        chunks.append(range(first, len(rows)))
-    return chunks
-
-
 class Pace:
     """At most `bytes_per_s` read, for every job that shares it: a round's reads (and so
     its assembly and its swaps) spread over its interval, not a burst. A burst of a
@@ -326,47 +315,68 @@ def round_pace(plans: list[StreamObjectPlan], interval_s: float,
 
 
 async def _read_rows(objects, rows: list[WalRow], pace: Pace | None = None) -> list[bytes]:
-    """The rows' bytes, read concurrently: in chunks through the store's batched gets
-    where it has them, else a ranged GET per row. The first failure is raised as itself
-    (not in an exception group, so the job's handlers see the store's error) and cancels
-    the rest."""
+    """The rows' bytes, a ranged GET per row, READ_CONCURRENCY at once. The first failure
+    is raised as itself (not in an exception group, so the job's handlers see the store's
+    error) and cancels the rest."""
     out: list[bytes] = [b""] * len(rows)
-    get_ranges = getattr(objects, "get_ranges", None)
-    if get_ranges is None:
-        chunks, concurrency = [range(i, i + 1) for i in range(len(rows))], READ_CONCURRENCY
-    else:
-        chunks, concurrency = _chunks(rows, CHUNK_RANGES, CHUNK_BYTES), CHUNK_CONCURRENCY
-    pending = iter(chunks)
+    pending = iter(range(len(rows)))
     failed: list[Exception] = []
-
-    async def read(chunk: range) -> list[bytes]:
-        if pace is not None:
-            await pace.take(sum(rows[i].size for i in chunk))
-        if get_ranges is None:
-            row = rows[chunk.start]
-            return [await objects.get(row.object_key, row.byte_start, row.byte_end)]
-        return await get_ranges([(rows[i].object_key, rows[i].byte_start, rows[i].byte_end)
-                                 for i in chunk])
 
     async def reader(reads: trio.CancelScope) -> None:
         try:
-            for chunk in pending:  # shared by the readers: each chunk is read once
-                for i, data in zip(chunk, await read(chunk), strict=True):
-                    row = rows[i]
-                    if len(data) != row.size:
-                        raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
-                                             f"[{row.byte_start}, {row.byte_end})")
-                    out[i] = data
+            for i in pending:  # shared by the readers: each row is read once
+                row = rows[i]
+                if pace is not None:
+                    await pace.take(row.size)
+                data = await objects.get(row.object_key, row.byte_start, row.byte_end)
+                if len(data) != row.size:
+                    raise TieringRefused(f"{row.object_key} gave {len(data)} bytes for "
+                                         f"[{row.byte_start}, {row.byte_end})")
+                out[i] = data
         except Exception as exc:  # noqa: BLE001 - raised below, the first one only
             failed.append(exc)
             reads.cancel()
 
     async with trio.open_nursery() as nursery:
-        for _ in range(min(concurrency, len(chunks))):
+        for _ in range(min(READ_CONCURRENCY, len(rows))):
             nursery.start_soon(reader, nursery.cancel_scope)
     if failed:
         raise failed[0]
     return out
+
+
+def _walk_rows(writer: StreamObjectWriter, rows: list[WalRow], read_into) -> None:
+    """Adds the rows to `writer` as ranges of their WAL objects, reading only enough of
+    them to walk their batch headers (`read_into`: a store's `scan` reader). Runs in a
+    worker thread; each read lets the event loop have the GIL."""
+    window = memoryview(bytearray(WALK_WINDOW))
+    for row in rows:
+        batches = []
+        position = row.byte_start  # of the window's first byte in the WAL object
+        while position < row.byte_end:
+            want = min(WALK_WINDOW, row.byte_end - position)
+            got = read_into(row.object_key, position, window[:want])
+            if got < want:
+                raise TieringRefused(f"{row.object_key} ends at {position + got}, before "
+                                     f"[{row.byte_start}, {row.byte_end}) does")
+            if got < RECORD_BATCH_OVERHEAD:
+                raise StreamObjectError(f"{got} trailing bytes of {row.object_key} "
+                                        f"[{row.byte_start}, {row.byte_end}) are no batch")
+            at = 0  # the next batch, from the window's start (it may lie past the window)
+            while at + RECORD_BATCH_OVERHEAD <= got:
+                header = read_batch_header(window, at)
+                size = header.batch_length + LOG_OVERHEAD
+                if size < RECORD_BATCH_OVERHEAD:
+                    raise StreamObjectError(f"batch at offset {header.base_offset} is "
+                                            f"truncated")
+                batches.append((header, position + at - row.byte_start))
+                at += size
+            position += at
+        if position != row.byte_end:
+            raise StreamObjectError(f"the last batch of {row.object_key} "
+                                    f"[{row.byte_start}, {row.byte_end}) runs past it")
+        writer.add_batches(batches, ObjectRange(row.object_key, row.byte_start, row.byte_end),
+                           row.size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,18 +423,24 @@ async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: i
         coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition,
         plan.base_offset, plan.last_offset))
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
-    step = 0
-    for data in await _read_rows(objects, plan.rows, pace):
-        writer.add(data)
-        step += len(data)
-        if step >= ASSEMBLY_STEP_BYTES:
-            step = 0
-            await trio.lowlevel.checkpoint()
+    scan, compose = getattr(objects, "scan", None), getattr(objects, "compose", None)
+    if scan is not None and compose is not None:
+        if pace is not None:
+            await pace.take(plan.size)
+        await scan(lambda read_into: _walk_rows(writer, plan.rows, read_into))
+    else:
+        compose, step = objects.create, 0
+        for data in await _read_rows(objects, plan.rows, pace):
+            writer.add(data)
+            step += len(data)
+            if step >= ASSEMBLY_STEP_BYTES:
+                step = 0
+                await trio.lowlevel.checkpoint()
     if (writer.base_offset, writer.last_offset) != (plan.base_offset, plan.last_offset):
         raise TieringRefused(f"the WAL ranges hold offsets [{writer.base_offset}, "
                              f"{writer.last_offset}], the index [{plan.base_offset}, "
                              f"{plan.last_offset}]")
-    await objects.create(key, writer.finish())
+    await compose(key, writer.finish())
     rows = [{"base_offset": r.base_offset, "last_offset": r.last_offset,
              "object_key": r.object_key, "byte_start": r.byte_start, "byte_end": r.byte_end}
             for r in plan.rows]

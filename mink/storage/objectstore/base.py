@@ -13,6 +13,16 @@ Buffer: TypeAlias = bytes | bytearray | memoryview
 Data: TypeAlias = Buffer | Sequence[Buffer]
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectRange:
+    """Bytes [start, end) of another object: a part of `compose` (file://) copied by the
+    store itself, never read into this process."""
+
+    key: str
+    start: int
+    end: int
+
+
 class ObjectStoreError(Exception):
     """Base class of every object store error."""
 

@@ -52,12 +52,16 @@ class InstrumentedObjectStore:
         await self.store.aclose()
 
     def __getattr__(self, name: str):
-        # Backend extras (delete_many, ...) pass through untimed; batched gets (file://
-        # `get_ranges`) are observed as one get. A backend without one has no such attribute
-        # here either, so callers see that it has none.
+        # Backend extras (delete_many, ...) pass through untimed, except file://'s `compose`
+        # (observed as a create) and `scan` (as one get). A backend without one has no such
+        # attribute here either, so callers see that it has none.
         extra = getattr(self.store, name)
-        if name == "get_ranges":
-            async def get_ranges(ranges) -> list[bytes]:
-                return await self._timed("get", extra(ranges))
-            return get_ranges
+        if name == "compose":
+            async def compose(key: str, parts) -> None:
+                return await self._timed("create", extra(key, parts))
+            return compose
+        if name == "scan":
+            async def scan(fn):
+                return await self._timed("get", extra(fn))
+            return scan
         return extra
