@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from mink.storage.controlplane import MetadataStore
 from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
+from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
 from mink.storage.objectstore.base import ObjectRange
 from mink.storage.stream_object import (
