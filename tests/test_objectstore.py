@@ -747,3 +747,42 @@ async def test_file_scan_reads_objects_into_a_buffer_in_a_worker_thread(tmp_path
 
     with pytest.raises(KeyError):
         await store.scan(fails)
+
+
+async def test_file_compose_paces_its_copy_a_step_at_a_time_on_the_event_loop(tmp_path):
+    """compose's `pace(n)` runs on the event loop before each copied step of at most a MiB
+    (tiering spreads a stream object's copy over its round with it); cancelled while it
+    waits, compose leaves no object and no temporary file behind."""
+    from mink.storage.objectstore import file as file_store
+
+    store = FileObjectStore(str(tmp_path))
+    mib = 1024 * 1024
+    await store.create("wal/a", os.urandom(2 * mib + 10))
+    asked: list[int] = []
+    loop_thread = threading.get_ident()
+
+    async def pace(nbytes: int) -> None:
+        assert threading.get_ident() == loop_thread
+        asked.append(nbytes)
+        await trio.sleep(0)
+
+    parts = [b"x" * 100, ObjectRange("wal/a", 0, 2 * mib + 10), b"end"]
+    await store.compose("stream/1", parts, pace=pace)
+    assert await store.get("stream/1") == b"x" * 100 + await store.get("wal/a") + b"end"
+    assert sum(asked) == 2 * mib + 10 and max(asked) <= file_store.SYNC_STEP_BYTES
+    assert len(asked) == 3
+
+    held = trio.Event()
+
+    async def stuck(nbytes: int) -> None:
+        held.set()
+        await trio.sleep_forever()
+
+    with trio.move_on_after(10) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: store.compose("stream/2", parts, pace=stuck))
+            await held.wait()
+            nursery.cancel_scope.cancel()
+    assert not scope.cancelled_caught
+    assert await store.list("stream/") == ["stream/1"]
+    assert sorted(p.name for p in (tmp_path / "stream").iterdir()) == ["1"]

@@ -26,6 +26,7 @@ the coordinator lease holder is `mink/broker/cluster/tiering.py`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -425,9 +426,9 @@ async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: i
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
     scan, compose = getattr(objects, "scan", None), getattr(objects, "compose", None)
     if scan is not None and compose is not None:
-        if pace is not None:
-            await pace.take(plan.size)
         await scan(lambda read_into: _walk_rows(writer, plan.rows, read_into))
+        if pace is not None:  # the copy paced a step at a time, not in one burst
+            compose = functools.partial(compose, pace=pace.take)
     else:
         compose, step = objects.create, 0
         for data in await _read_rows(objects, plan.rows, pace):

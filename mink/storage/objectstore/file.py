@@ -18,7 +18,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import trio
@@ -158,10 +158,11 @@ class FileObjectStore:
             _write_all(fd, buffers)
             _fdatasync(fd)
 
-    def _write_parts(self, fd: int, parts: list[memoryview | tuple[str, str, int, int]]) -> None:
+    def _write_parts(self, fd: int, parts: list[memoryview | tuple[str, str, int, int]],
+                     throttle: Callable[[int], None] | None) -> None:
         """compose's parts written in order: buffers as they are, ranges copied from their
         objects; synced a step at a time (a composed object is background work)."""
-        out = _SyncedOutput(fd, SYNC_STEP_BYTES if self.fsync else None)
+        out = _SyncedOutput(fd, SYNC_STEP_BYTES if self.fsync else None, throttle)
         sources: dict[str, int] = {}
         try:
             for part in parts:
@@ -187,12 +188,19 @@ class FileObjectStore:
         await self._run("create", key, lambda: self._create_sync(
             key, path, lambda fd: self._write_buffers(fd, buffers)))
 
-    async def compose(self, key: str, parts: Sequence[Buffer | ObjectRange]) -> None:
+    async def compose(self, key: str, parts: Sequence[Buffer | ObjectRange], *,
+                      pace: Callable[[int], Awaitable[object]] | None = None) -> None:
         """`create(key, ...)` of the parts back to back, where an ObjectRange part is bytes of
         another object (ObjectNotFound if there is none, ObjectStoreError if it ends
         before the range does), copied file to file in the kernel (copy_file_range), never
         into this process: tiering assembles a stream object from WAL objects' ranges so,
-        at a third of the CPU of reading them into memory and writing them out again."""
+        at a third of the CPU of reading them into memory and writing them out again.
+        `pace(n)` is awaited (on the event loop) before each step of at most a MiB is
+        copied: the copy of a large object spread out instead of in one burst."""
+        throttle = None
+        if pace is not None:
+            def throttle(nbytes: int) -> None:
+                trio.from_thread.run(pace, nbytes)
         path = self._path(key)
         resolved: list[memoryview | tuple[str, str, int, int]] = []
         for part in parts:
@@ -204,7 +212,7 @@ class FileObjectStore:
             else:
                 resolved.extend(as_buffers(part))
         await self._run("create", key, lambda: self._create_sync(
-            key, path, lambda fd: self._write_parts(fd, resolved)))
+            key, path, lambda fd: self._write_parts(fd, resolved, throttle)))
 
     def _create_sync(self, key: str, path: str, write: Callable[[int], None]) -> None:
         """`write(fd)` fills (and syncs) a temporary file, then it becomes the object."""
@@ -446,9 +454,11 @@ class _SyncedOutput:
     the end (`step` None: never). Buffers wait to be written by one writev a step at a
     time; a copied range goes after them."""
 
-    def __init__(self, fd: int, step: int | None) -> None:
+    def __init__(self, fd: int, step: int | None,
+                 throttle: Callable[[int], None] | None = None) -> None:
         self.fd = fd
         self.step = step
+        self.throttle = throttle  # called before each step of a range is copied
         self.unsynced = 0  # written since the last fdatasync
         self.pending: list[memoryview] = []
         self.pending_bytes = 0
@@ -485,7 +495,10 @@ class _SyncedOutput:
         self._write_pending()
         position = start
         while position < end:
-            n = _copy_range(src, self.fd, position, self._room(end - position))
+            want = self._room(end - position)
+            if self.throttle is not None:
+                self.throttle(want)
+            n = _copy_range(src, self.fd, position, want)
             if n == 0:
                 break
             position += n

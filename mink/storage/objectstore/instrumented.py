@@ -57,8 +57,8 @@ class InstrumentedObjectStore:
         # attribute here either, so callers see that it has none.
         extra = getattr(self.store, name)
         if name == "compose":
-            async def compose(key: str, parts) -> None:
-                return await self._timed("create", extra(key, parts))
+            async def compose(key: str, parts, **kwargs) -> None:
+                return await self._timed("create", extra(key, parts, **kwargs))
             return compose
         if name == "scan":
             async def scan(fn):
