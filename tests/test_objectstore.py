@@ -25,6 +25,7 @@ from mink.storage.objectstore import (
     RetryPolicy,
     open_object_store,
 )
+from mink.storage.wal import wal_key
 from tests.support.s3 import S3Faults, boto3_client, canned_s3_error, s3_options
 
 FAST_RETRY = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
@@ -319,6 +320,11 @@ async def test_file_large_objects_are_synced_in_steps(tmp_path, monkeypatch):
     synced_at.clear()
     await store.create("whole-steps", os.urandom(9 * mib))
     assert synced_at == [k * mib for k in range(1, 10)]
+
+    # A WAL object is a produce's latency: synced once, whole, however large it grew.
+    synced_at.clear()
+    await store.create(wal_key(1, 2, 3), pieces)
+    assert synced_at == [len(whole)]
 
 
 async def test_file_key_below_an_object(tmp_path):

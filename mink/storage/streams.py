@@ -11,6 +11,7 @@ import trio
 from mink.storage.controlplane import MetadataError
 from mink.storage.lifecycle.store import mark_wal_settled, undecided_keys, wal_marks
 from mink.storage.log import LogError, NotLeader, PartitionLog, ReadCaches
+from mink.storage.objectstore.base import WAL_PREFIX
 from mink.storage.observer import NO_OBSERVER, StorageObserver
 from mink.storage.producer_state import RefusedSequences, decode_entry
 from mink.storage.wal import WalWriter, wal_key
@@ -162,7 +163,7 @@ class Streams:
         earlier restart settled are skipped, and of the others only the objects after the
         sequence number their writer recorded as decided. So the cost follows the objects
         of the last seconds before a crash, not the history."""
-        prefix = f"wal/{self.node_id}/"
+        prefix = f"{WAL_PREFIX}{self.node_id}/"
         complete_through, marks = await wal_marks(self.metadata, self.node_id,
                                                   self.node_epoch)
         epochs = range(complete_through + 1, self.node_epoch)

@@ -39,6 +39,7 @@ from mink.storage.controlplane import (
 )
 from mink.storage.lifecycle.store import mark_wal_decided
 from mink.storage.objectstore import ObjectStoreError
+from mink.storage.objectstore.base import WAL_PREFIX
 from mink.storage.observer import NO_OBSERVER, StorageObserver
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class Footer(msgspec.Struct):
 
 
 def wal_key(node_id: int, node_epoch: int, seq: int) -> str:
-    return f"wal/{node_id}/{node_epoch}/{seq:012d}"
+    return f"{WAL_PREFIX}{node_id}/{node_epoch}/{seq:012d}"
 
 
 @dataclass(eq=False, slots=True)

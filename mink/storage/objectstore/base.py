@@ -13,6 +13,11 @@ Buffer: TypeAlias = bytes | bytearray | memoryview
 Data: TypeAlias = Buffer | Sequence[Buffer]
 
 
+# The keys of WAL objects (mink/storage/wal.py): the stores treat them as a produce's
+# latency, not background work (file://: synced whole, whatever their size).
+WAL_PREFIX = "wal/"
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectRange:
     """Bytes [start, end) of another object: a part of `compose` (file://) copied by the

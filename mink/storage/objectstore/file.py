@@ -32,6 +32,7 @@ from .base import (
     ObjectStoreConfigError,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    WAL_PREFIX,
     as_buffers,
     check_key,
     check_range,
@@ -58,13 +59,16 @@ _RETRIABLE_ERRNOS = {
 _PERMISSION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 _NO_LINK_ERRNOS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
 _fdatasync = getattr(os, "fdatasync", os.fsync)
-# An object larger than this is written and fdatasynced a step at a time. A WAL object (8 MiB
-# at most by default) is written and synced at once: its latency is a commit's. A bigger one
-# is background work (a stream object, a compacted or KV snapshot object), and one fdatasync
-# of all of it writes back tens of MiB in one go; ext4 (data=ordered) makes the WAL's own
-# fsyncs meanwhile wait for that writeback in its journal commit. In steps, each wait is for
-# one step at most: produce p99 at 20 MB/s with tiering 37-53 -> 31-35 ms, p99.9 92-105 ->
-# 44-48 ms (benchmarks.kafka --scenarios latency --rates 20, three runs each).
+# An object larger than this is written and fdatasynced a step at a time, unless it is a WAL
+# object (WAL_PREFIX), written and synced at once whatever its size: its latency is a
+# commit's, and under load one grows past wal_max_bytes (the buffer is sealed whole while
+# the uploads are busy: group commit); synced in steps it took produce throughput at 3 and
+# 12 partitions down 18-20%. A big object of any other kind is background work (a stream
+# object, a compacted or KV snapshot object), and one fdatasync of all of it writes back
+# tens of MiB in one go; ext4 (data=ordered) makes the WAL's own fsyncs meanwhile wait for
+# that writeback in its journal commit. In steps, each wait is for one step at most:
+# produce p99 at 20 MB/s with tiering 37-53 -> 31-35 ms, p99.9 92-105 -> 44-48 ms
+# (benchmarks.kafka --scenarios latency --rates 20, three runs each).
 STEPPED_SYNC_ABOVE = 8 * 1024 * 1024
 SYNC_STEP_BYTES = 1024 * 1024
 
@@ -149,10 +153,11 @@ class FileObjectStore:
         finally:
             os.close(fd)
 
-    def _write_buffers(self, fd: int, buffers: list[memoryview]) -> None:
+    def _write_buffers(self, fd: int, key: str, buffers: list[memoryview]) -> None:
         if not self.fsync:
             _write_all(fd, buffers)
-        elif sum(b.nbytes for b in buffers) > STEPPED_SYNC_ABOVE:
+        elif (sum(b.nbytes for b in buffers) > STEPPED_SYNC_ABOVE
+              and not key.startswith(WAL_PREFIX)):
             _write_synced(fd, buffers, SYNC_STEP_BYTES)
         else:
             _write_all(fd, buffers)
@@ -186,7 +191,7 @@ class FileObjectStore:
         path = self._path(key)
         buffers = as_buffers(data)
         await self._run("create", key, lambda: self._create_sync(
-            key, path, lambda fd: self._write_buffers(fd, buffers)))
+            key, path, lambda fd: self._write_buffers(fd, key, buffers)))
 
     async def compose(self, key: str, parts: Sequence[Buffer | ObjectRange], *,
                       pace: Callable[[int], Awaitable[object]] | None = None) -> None:
