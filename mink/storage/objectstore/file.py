@@ -200,8 +200,8 @@ class FileObjectStore:
         before the range does), copied file to file in the kernel (copy_file_range), never
         into this process: tiering assembles a stream object from WAL objects' ranges so,
         at a third of the CPU of reading them into memory and writing them out again.
-        `pace(n)` is awaited (on the event loop) before each step of at most a MiB is
-        copied: the copy of a large object spread out instead of in one burst."""
+        `pace(n)` is awaited (on the event loop) after each MiB written, before the next:
+        the copy of a large object spread out instead of in one burst."""
         throttle = None
         if pace is not None:
             def throttle(nbytes: int) -> None:
@@ -463,7 +463,8 @@ class _SyncedOutput:
                  throttle: Callable[[int], None] | None = None) -> None:
         self.fd = fd
         self.step = step
-        self.throttle = throttle  # called before each step of a range is copied
+        self.throttle = throttle  # called after each SYNC_STEP_BYTES written
+        self.unpaced = 0  # written since the last throttle call
         self.unsynced = 0  # written since the last fdatasync
         self.pending: list[memoryview] = []
         self.pending_bytes = 0
@@ -479,6 +480,11 @@ class _SyncedOutput:
         if self.step is not None and self.unsynced >= self.step:
             _fdatasync(self.fd)
             self.unsynced = 0
+        if self.throttle is not None:
+            self.unpaced += n
+            if self.unpaced >= SYNC_STEP_BYTES:
+                self.throttle(self.unpaced)
+                self.unpaced = 0
 
     def _write_pending(self) -> None:
         if self.pending:
@@ -500,10 +506,7 @@ class _SyncedOutput:
         self._write_pending()
         position = start
         while position < end:
-            want = self._room(end - position)
-            if self.throttle is not None:
-                self.throttle(want)
-            n = _copy_range(src, self.fd, position, want)
+            n = _copy_range(src, self.fd, position, self._room(end - position))
             if n == 0:
                 break
             position += n
