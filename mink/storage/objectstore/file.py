@@ -265,10 +265,11 @@ class FileObjectStore:
         if self._closed:
             raise ObjectStoreError("the object store is closed")
         files: dict[str, int] = {}
-        current = [""]  # the key being read, for the error
+        current = ""  # the key being read, for the error
 
         def read_into(key: str, position: int, buffer: memoryview) -> int:
-            current[0] = key
+            nonlocal current
+            current = key
             fd = files.get(key)
             if fd is None:
                 fd = files[key] = _open_object(key, self._path(key))
@@ -284,7 +285,7 @@ class FileObjectStore:
             try:
                 return fn(read_into)
             except OSError as exc:
-                raise self._os_error("get", current[0], exc) from exc
+                raise self._os_error("get", current, exc) from exc
             finally:
                 for fd in files.values():
                     os.close(fd)
