@@ -492,7 +492,11 @@ async def test_s3_transient_errors_are_retried(s3_endpoint, s3_bucket_url, aio_l
 
 
 async def test_s3_connection_errors_are_retried(s3_endpoint, s3_bucket_url, aio_loop):
-    from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
 
     store = await s3_store(s3_bucket_url, s3_endpoint)
     try:

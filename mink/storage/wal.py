@@ -22,13 +22,6 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
-from mink.storage.log import (
-    Chunk,
-    NotLeader,
-    PartitionLog,
-    PendingAppend,
-    StorageUnavailable,
-)
 from mink.storage.controlplane import (
     MetadataError,
     MetadataRejected,
@@ -38,6 +31,13 @@ from mink.storage.controlplane import (
     WalRange,
 )
 from mink.storage.lifecycle.store import mark_wal_decided
+from mink.storage.log import (
+    Chunk,
+    NotLeader,
+    PartitionLog,
+    PendingAppend,
+    StorageUnavailable,
+)
 from mink.storage.objectstore import ObjectStoreError
 from mink.storage.objectstore.base import WAL_PREFIX
 from mink.storage.observer import NO_OBSERVER, StorageObserver

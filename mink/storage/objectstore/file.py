@@ -24,6 +24,7 @@ from typing import TypeVar
 import trio
 
 from .base import (
+    WAL_PREFIX,
     Buffer,
     Data,
     ObjectExists,
@@ -32,7 +33,6 @@ from .base import (
     ObjectStoreConfigError,
     ObjectStoreError,
     ObjectStoreUnavailable,
-    WAL_PREFIX,
     as_buffers,
     check_key,
     check_range,
