@@ -291,8 +291,9 @@ async def test_file_layout_and_no_leftovers(tmp_path):
 
 
 async def test_file_large_objects_are_synced_in_steps(tmp_path, monkeypatch):
-    """An object over 8 MiB is fdatasynced every MiB (a big background object must not make
-    the WAL's fsyncs wait for all of its writeback); a WAL-sized one once, whole."""
+    """Through the page cache, an object over 8 MiB is fdatasynced every MiB (a big
+    background object must not make the WAL's fsyncs wait for all of its writeback); a
+    WAL-sized one once, whole. (Written directly, nothing waits in the page cache: once.)"""
     from mink.storage.objectstore import file as file_store
 
     synced_at: list[int] = []
@@ -303,7 +304,7 @@ async def test_file_large_objects_are_synced_in_steps(tmp_path, monkeypatch):
         real_sync(fd)
 
     monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
-    store = FileObjectStore(str(tmp_path))
+    store = FileObjectStore(str(tmp_path), direct=False)
     mib = 1024 * 1024
     small = os.urandom(file_store.STEPPED_SYNC_ABOVE)
     await store.create("small", small)
@@ -684,12 +685,18 @@ async def test_faulty_store_stall():
     assert await store.get("k") == b"v"
 
 
-async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "direct"])
+async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_path, monkeypatch,
+                                                                           direct):
     """compose (tiering's stream objects on file://): buffers and other objects' ranges back
-    to back, create-if-absent, synced a MiB at a time as a large create is; the ranges
-    copied by copy_file_range, or through a buffer where the filesystem refuses it."""
+    to back, create-if-absent. Through the page cache: synced a MiB at a time as a large
+    create is, the ranges copied by copy_file_range, or through a buffer where the
+    filesystem refuses it. Directly (O_DIRECT): the ranges read around the page cache into
+    an aligned buffer, the object synced once at its end."""
     from mink.storage.objectstore import file as file_store
 
+    if direct:
+        _skip_without_o_direct(tmp_path)
     synced_at: list[int] = []
     real_sync = file_store._fdatasync
 
@@ -698,7 +705,7 @@ async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_p
         real_sync(fd)
 
     monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
-    store = FileObjectStore(str(tmp_path))
+    store = FileObjectStore(str(tmp_path), direct=direct)
     mib = 1024 * 1024
     a, b = os.urandom(3 * mib + 5), os.urandom(2 * mib)
     await store.create("wal/a", a)
@@ -709,7 +716,10 @@ async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_p
     await store.compose("stream/1", parts)
     whole = a[7:3 * mib] + b"head" + b + a[3 * mib:] + b"tail"
     assert await store.get("stream/1") == whole
-    assert synced_at == [k * mib for k in range(1, len(whole) // mib + 1)] + [len(whole)]
+    if direct:
+        assert synced_at == [len(whole)]
+    else:
+        assert synced_at == [k * mib for k in range(1, len(whole) // mib + 1)] + [len(whole)]
 
     with pytest.raises(ObjectExists):
         await store.compose("stream/1", [b"other"])
@@ -759,14 +769,15 @@ async def test_file_scan_reads_objects_into_a_buffer_in_a_worker_thread(tmp_path
         await store.scan(fails)
 
 
-async def test_file_compose_paces_its_copy_a_step_at_a_time_on_the_event_loop(tmp_path):
+@pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "direct"])
+async def test_file_compose_paces_its_copy_a_step_at_a_time_on_the_event_loop(tmp_path, direct):
     """compose's `pace(n)` runs on the event loop after each MiB written, however many
     ranges it took (tiering spreads a stream object's copy over its round with it: one call
     per row was one event-loop round trip per WAL flush); cancelled while it waits, compose
     leaves no object and no temporary file behind."""
     from mink.storage.objectstore import file as file_store
 
-    store = FileObjectStore(str(tmp_path))
+    store = FileObjectStore(str(tmp_path), direct=direct)
     mib = 1024 * 1024
     await store.create("wal/a", os.urandom(2 * mib + 10))
     asked: list[int] = []
@@ -800,3 +811,125 @@ async def test_file_compose_paces_its_copy_a_step_at_a_time_on_the_event_loop(tm
     assert not scope.cancelled_caught
     assert await store.list("stream/") == ["stream/1"]
     assert sorted(p.name for p in (tmp_path / "stream").iterdir()) == ["1"]
+
+
+def _skip_without_o_direct(path) -> None:
+    """Skip where the test's folder refuses O_DIRECT (tmpfs): the store falls back there."""
+    probe = os.path.join(str(path), "probe-o-direct")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            pytest.skip("this folder's filesystem refuses O_DIRECT")
+        raise
+    os.close(fd)
+    os.unlink(probe)
+
+
+async def test_file_objects_are_written_and_read_around_the_page_cache(tmp_path, monkeypatch):
+    """Where the filesystem takes O_DIRECT, create writes through a reused aligned buffer a
+    MiB at a time (the last block padded, the file cut to size) and syncs once; large reads
+    go around the page cache too. Every size about the block and step edges reads back
+    byte for byte, whole and in ranges at odd offsets, and compose copies them exactly."""
+    import fcntl
+
+    from mink.storage.objectstore import file as file_store
+
+    _skip_without_o_direct(tmp_path)
+    direct_syncs: list[bool] = []
+    real_sync = file_store._fdatasync
+
+    def recording_sync(fd):
+        direct_syncs.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT))
+        real_sync(fd)
+
+    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    store = FileObjectStore(str(tmp_path))
+    mib, block = 1024 * 1024, file_store.DIRECT_ALIGN
+    sizes = [0, 1, block - 1, block, block + 1, mib - 1, mib, mib + 1, 3 * mib + 517,
+             file_store.STEPPED_SYNC_ABOVE + 1]  # the last: once too, not in steps
+    made = {}
+    for n, size in enumerate(sizes):
+        data = os.urandom(size)
+        pieces = [data[:size // 3], data[size // 3:size // 2], data[size // 2:]]
+        key = f"objects/{n}"
+        await store.create(key, pieces)
+        made[key] = data
+        assert (tmp_path / "objects" / str(n)).stat().st_size == size
+    assert direct_syncs == [True] * len(sizes)  # one sync each, of a file open O_DIRECT
+    assert store.direct
+
+    for key, data in made.items():
+        assert await store.get(key) == data
+        for start, end in [(1, None), (block - 3, 2 * block + 5), (5, 70_000), (mib - 7, mib + 9)]:
+            assert await store.get(key, start, end) == data[start:end]
+
+    big = made["objects/8"]
+    parts = [ObjectRange("objects/8", 3, 5 + 2 * mib), b"x" * 5001,
+             ObjectRange("objects/3", 0, block), ObjectRange("objects/8", 3 * mib, len(big))]
+    await store.compose("stream/odd", parts)
+    assert await store.get("stream/odd") == (big[3:5 + 2 * mib] + b"x" * 5001 + made["objects/3"]
+                                             + big[3 * mib:])
+    # the aligned buffers are kept for the next object, not mapped afresh each time
+    kept = file_store._ALIGNED.take()
+    file_store._ALIGNED.give(kept)
+    assert file_store._ALIGNED.take() is kept
+    file_store._ALIGNED.give(kept)
+
+
+async def test_file_store_falls_back_to_the_page_cache_where_o_direct_is_refused(tmp_path,
+                                                                               monkeypatch, caplog):
+    """A filesystem that refuses O_DIRECT at open (tmpfs) or only at the first write or read
+    (an alignment it wants larger): the operation goes through the page cache instead, and
+    so does the store from then on, with one log line; `?direct=false` never tries."""
+    import logging
+
+    from mink.storage.objectstore import file as file_store
+    from mink.storage.objectstore import open_object_store
+
+    assert not open_object_store(f"file://{tmp_path}?direct=false").direct
+    assert open_object_store(f"file://{tmp_path}").direct
+
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & file_store._O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    caplog.set_level(logging.INFO, logger="mink.storage.objectstore.file")
+    store = FileObjectStore(str(tmp_path))
+    with monkeypatch.context() as patched:
+        patched.setattr(file_store, "_O_DIRECT", os.O_DIRECT if hasattr(os, "O_DIRECT") else 1)
+        patched.setattr(os, "open", refusing_open)
+        await store.create("a", b"refused at open" * 10_000)
+        assert await store.get("a") == b"refused at open" * 10_000
+    assert not store.direct
+    assert sum("refused O_DIRECT" in r.getMessage() for r in caplog.records) == 1
+
+    _skip_without_o_direct(tmp_path)
+
+    def refused(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    data = os.urandom(2 * 1024 * 1024 + 3)
+    store = FileObjectStore(str(tmp_path))
+    with monkeypatch.context() as patched:
+        patched.setattr(file_store, "_pwrite_all", refused)
+        await store.create("b", data)
+    assert not store.direct
+    assert await store.get("b") == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]  # no temporary left
+
+    store = FileObjectStore(str(tmp_path))
+    with monkeypatch.context() as patched:
+        patched.setattr(file_store, "_read_direct", refused)
+        assert await store.get("b", 5) == data[5:]
+    assert not store.direct
+
+    store = FileObjectStore(str(tmp_path))
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "preadv", refused)  # compose's direct read of its ranges
+        await store.compose("c", [ObjectRange("b", 7, len(data)), b"end"])
+    assert not store.direct
+    assert await store.get("c") == data[7:] + b"end"

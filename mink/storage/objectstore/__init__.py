@@ -71,7 +71,8 @@ def open_object_store(
 
     - `memory://` a private dict; `memory://<name>` one dict shared by all stores of that name
       in this process.
-    - `file:///abs/path` a folder (must exist); `?fsync=false` skips fsync (tests only).
+    - `file:///abs/path` a folder (must exist); `?fsync=false` skips fsync (tests only);
+      `?direct=false` writes through the page cache even where O_DIRECT works.
     - `s3://bucket/prefix`: endpoint, region and credentials from the arguments, else from
       AWS_ENDPOINT_URL(_S3), AWS_REGION / AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID /
       AWS_SECRET_ACCESS_KEY (or botocore's other sources). The other arguments apply to S3 only.
@@ -87,10 +88,11 @@ def open_object_store(
             )
         options = parse_qs(parts.query)
         fsync = options.get("fsync", ["true"])[-1].lower() not in _FALSE
+        direct = options.get("direct", ["true"])[-1].lower() not in _FALSE
         path = unquote(parts.path)
         if not path.startswith("/"):
             raise ObjectStoreConfigError(f"file:// URL {url!r} needs an absolute path: file:///abs/path")
-        return FileObjectStore(os.path.normpath(path), fsync=fsync)
+        return FileObjectStore(os.path.normpath(path), fsync=fsync, direct=direct)
     if scheme == "s3":
         from .s3 import S3ObjectStore
 
