@@ -627,7 +627,7 @@ class _AlignedBuffers:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        return mmap.mmap(-1, self.size)
+        return mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE)  # not shmem-backed
 
     def give(self, buf: mmap.mmap) -> None:
         with self._lock:
