@@ -827,48 +827,65 @@ def _skip_without_o_direct(path) -> None:
 
 
 async def test_file_objects_are_written_and_read_around_the_page_cache(tmp_path, monkeypatch):
-    """Where the filesystem takes O_DIRECT, create writes through a reused aligned buffer a
-    MiB at a time (the last block padded, the file cut to size) and syncs once; large reads
-    go around the page cache too. Every size about the block and step edges reads back
-    byte for byte, whole and in ranges at odd offsets, and compose copies them exactly."""
+    """Where the filesystem takes O_DIRECT, create writes an object of 256 KiB or more
+    through a reused aligned buffer a MiB at a time, its last part block through the page
+    cache, and syncs it once; a smaller one goes through the page cache (an O_DIRECT write
+    waits for the device). Large reads go around the page cache too. Every size about the
+    block, step and threshold edges reads back byte for byte, whole and in ranges at odd
+    offsets, and compose copies them exactly."""
     import fcntl
 
     from mink.storage.objectstore import file as file_store
 
     _skip_without_o_direct(tmp_path)
-    direct_syncs: list[bool] = []
+    syncs: list[int] = []
     real_sync = file_store._fdatasync
+    writes: list[tuple[bool, int]] = []  # (O_DIRECT, bytes) of each aligned-buffer write
+    real_pwrite_all = file_store._pwrite_all
 
     def recording_sync(fd):
-        direct_syncs.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT))
+        syncs.append(os.fstat(fd).st_size)
         real_sync(fd)
 
+    def recording_pwrite_all(fd, buf, offset):
+        writes.append((bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT), buf.nbytes))
+        real_pwrite_all(fd, buf, offset)
+
     monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    monkeypatch.setattr(file_store, "_pwrite_all", recording_pwrite_all)
     store = FileObjectStore(str(tmp_path))
-    mib, block = 1024 * 1024, file_store.DIRECT_ALIGN
-    sizes = [0, 1, block - 1, block, block + 1, mib - 1, mib, mib + 1, 3 * mib + 517,
-             file_store.STEPPED_SYNC_ABOVE + 1]  # the last: once too, not in steps
+    mib, block, small = 1024 * 1024, file_store.DIRECT_ALIGN, file_store.DIRECT_WRITE_ABOVE
+    sizes = [0, 1, block - 1, block, block + 1, small - 1, small, small + block + 1, mib - 1,
+             mib, mib + 1, 3 * mib + 517,
+             file_store.STEPPED_SYNC_ABOVE + 1]  # the last: synced once too, not in steps
     made = {}
     for n, size in enumerate(sizes):
         data = os.urandom(size)
         pieces = [data[:size // 3], data[size // 3:size // 2], data[size // 2:]]
         key = f"objects/{n}"
+        writes.clear()
+        syncs.clear()
         await store.create(key, pieces)
         made[key] = data
         assert (tmp_path / "objects" / str(n)).stat().st_size == size
-    assert direct_syncs == [True] * len(sizes)  # one sync each, of a file open O_DIRECT
+        assert syncs == [size]
+        if size < small:
+            assert writes == []
+        else:
+            assert sum(n for direct, n in writes if direct) == size - size % block
+            assert sum(n for direct, n in writes if not direct) == size % block
     assert store.direct
-
     for key, data in made.items():
         assert await store.get(key) == data
         for start, end in [(1, None), (block - 3, 2 * block + 5), (5, 70_000), (mib - 7, mib + 9)]:
             assert await store.get(key, start, end) == data[start:end]
 
-    big = made["objects/8"]
-    parts = [ObjectRange("objects/8", 3, 5 + 2 * mib), b"x" * 5001,
-             ObjectRange("objects/3", 0, block), ObjectRange("objects/8", 3 * mib, len(big))]
+    big_key, block_key = f"objects/{sizes.index(3 * mib + 517)}", f"objects/{sizes.index(block)}"
+    big = made[big_key]
+    parts = [ObjectRange(big_key, 3, 5 + 2 * mib), b"x" * 5001,
+             ObjectRange(block_key, 0, block), ObjectRange(big_key, 3 * mib, len(big))]
     await store.compose("stream/odd", parts)
-    assert await store.get("stream/odd") == (big[3:5 + 2 * mib] + b"x" * 5001 + made["objects/3"]
+    assert await store.get("stream/odd") == (big[3:5 + 2 * mib] + b"x" * 5001 + made[block_key]
                                              + big[3 * mib:])
     # the aligned buffers are kept for the next object, not mapped afresh each time
     kept = file_store._ALIGNED.take()

@@ -6,8 +6,9 @@ then the temporary name is removed and the directory fsynced. A crash leaves at 
 `.mink-tmp-*` file behind, never a partial object. Directories are created as needed and
 never removed (there are few: one per node epoch for the WAL).
 
-Where the filesystem takes O_DIRECT, objects are written, and read in ranges of 64 KiB or
-more, around the page cache (see DIRECT_ALIGN); elsewhere, or with `direct=False`, through it.
+Where the filesystem takes O_DIRECT, objects of 256 KiB or more are written, and ranges of
+64 KiB or more read, around the page cache (see DIRECT_ALIGN); elsewhere, or with
+`direct=False`, through it.
 
 Every operation is one hop to a worker thread (`trio.to_thread.run_sync`), not one per syscall.
 Names starting with `.mink-` are reserved for these temporary files and are never listed.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -93,6 +95,8 @@ DIRECT_ALIGN = 4096
 # Reads this large or larger go around the page cache too (the block cache's 1 MiB blocks);
 # smaller ones (a footer, a batch header) through it.
 DIRECT_READ_ABOVE = 64 * 1024
+# Smaller objects are written through the page cache (see _write_buffers).
+DIRECT_WRITE_ABOVE = 256 * 1024
 
 
 class FileObjectStore:
@@ -201,8 +205,14 @@ class FileObjectStore:
 
     def _write_buffers(self, fd: int, direct: bool, key: str,
                        buffers: list[memoryview]) -> None:
-        stepped = (self.fsync and not key.startswith(WAL_PREFIX)
-                   and sum(b.nbytes for b in buffers) > STEPPED_SYNC_ABOVE)
+        size = sum(b.nbytes for b in buffers)
+        if direct and size < DIRECT_WRITE_ABOVE:
+            # A small object through the page cache after all: an O_DIRECT write waits for
+            # the device (80 KB, a WAL object at 20 MB/s: 0.56-0.61 ms written and
+            # fdatasynced, against 0.42-0.45 through the page cache).
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+            direct = False
+        stepped = self.fsync and not key.startswith(WAL_PREFIX) and size > STEPPED_SYNC_ABOVE
         if direct:
             out = _DirectOutput(fd, sync=self.fsync)
             try:
@@ -647,10 +657,11 @@ def _round_up(n: int) -> int:
 
 class _DirectOutput(_SyncedOutput):
     """_SyncedOutput of a file opened with O_DIRECT: the bytes are gathered in an aligned
-    buffer and written from it a MiB at a time, the last block padded with zeros and the
-    file then cut to its size; a copied range is read with O_DIRECT into a second aligned
-    buffer (its source opened with O_DIRECT). With `sync`, an object written without steps
-    is fdatasynced once at the end. close() gives the buffers back."""
+    buffer and written from it a MiB at a time, the last part block through the page cache;
+    a copied range is read with O_DIRECT into a second aligned buffer (its source opened
+    with O_DIRECT). With `sync`, the object is fdatasynced once, at the end: nothing of it
+    waits in the page cache for a writeback that would hold the WAL's fsyncs up in the
+    journal. close() gives the buffers back."""
 
     def __init__(self, fd: int, throttle: Callable[[int], None] | None = None, *,
                  sync: bool) -> None:
@@ -694,11 +705,15 @@ class _DirectOutput(_SyncedOutput):
         return position - start
 
     def finish(self) -> None:
-        if self.fill:
-            padded = _round_up(self.fill)
-            self.view[self.fill:padded] = bytes(padded - self.fill)
-            _pwrite_all(self.fd, self.view[:padded], self.offset)
-            os.ftruncate(self.fd, self.offset + self.fill)
+        aligned = self.fill - self.fill % DIRECT_ALIGN
+        if aligned:
+            _pwrite_all(self.fd, self.view[:aligned], self.offset)
+        if aligned < self.fill:
+            # The last part block through the page cache (O_DIRECT cleared): padding it and
+            # cutting the file to size cost a read of that block back and a truncate.
+            fcntl.fcntl(self.fd, fcntl.F_SETFL,
+                        fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~_O_DIRECT)
+            _pwrite_all(self.fd, self.view[aligned:self.fill], self.offset + aligned)
         if self.sync:
             _fdatasync(self.fd)
 
