@@ -69,16 +69,17 @@ _PERMISSION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 _NO_LINK_ERRNOS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-# An object larger than this is written and fdatasynced a step at a time, unless it is a WAL
-# object (WAL_PREFIX), written and synced at once whatever its size: its latency is a
-# commit's, and under load one grows past wal_max_bytes (the buffer is sealed whole while
-# the uploads are busy: group commit); synced in steps it took produce throughput at 3 and
-# 12 partitions down 18-20%. A big object of any other kind is background work (a stream
-# object, a compacted or KV snapshot object), and one fdatasync of all of it writes back
-# tens of MiB in one go; ext4 (data=ordered) makes the WAL's own fsyncs meanwhile wait for
-# that writeback in its journal commit. In steps, each wait is for one step at most:
-# produce p99 at 20 MB/s with tiering 37-53 -> 31-35 ms, p99.9 92-105 -> 44-48 ms
-# (benchmarks.kafka --scenarios latency --rates 20, three runs each).
+# Through the page cache (not direct, below), an object larger than this is written and
+# fdatasynced a step at a time, unless it is a WAL object (WAL_PREFIX), written and synced
+# at once whatever its size: its latency is a commit's, and under load one grows past
+# wal_max_bytes (the buffer is sealed whole while the uploads are busy: group commit);
+# synced in steps it took produce throughput at 3 and 12 partitions down 18-20%. A big
+# object of any other kind is background work (a stream object, a compacted or KV snapshot
+# object), and one fdatasync of all of it writes back tens of MiB in one go; ext4
+# (data=ordered) makes the WAL's own fsyncs meanwhile wait for that writeback in its
+# journal commit. In steps, each wait is for one step at most: produce p99 at 20 MB/s with
+# tiering 37-53 -> 31-35 ms, p99.9 92-105 -> 44-48 ms (benchmarks.kafka --scenarios latency
+# --rates 20, three runs each).
 STEPPED_SYNC_ABOVE = 8 * 1024 * 1024
 SYNC_STEP_BYTES = 1024 * 1024
 # Direct I/O: where the filesystem takes O_DIRECT, objects are written (and compose's ranges
@@ -233,7 +234,8 @@ class FileObjectStore:
                      parts: list[memoryview | tuple[str, str, int, int]],
                      throttle: Callable[[int], None] | None) -> None:
         """compose's parts written in order: buffers as they are, ranges copied from their
-        objects; synced a step at a time (a composed object is background work)."""
+        objects; through the page cache synced a step at a time (a composed object is
+        background work), directly once at the end."""
         out = (_DirectOutput(fd, throttle, sync=self.fsync) if direct
                else _SyncedOutput(fd, SYNC_STEP_BYTES if self.fsync else None, throttle))
         sources: dict[str, int] = {}
