@@ -872,8 +872,8 @@ async def test_file_objects_are_written_and_read_around_the_page_cache(tmp_path,
         if size < small:
             assert writes == []
         else:
-            assert sum(n for direct, n in writes if direct) == size - size % block
-            assert sum(n for direct, n in writes if not direct) == size % block
+            assert sum(nbytes for direct, nbytes in writes if direct) == size - size % block
+            assert sum(nbytes for direct, nbytes in writes if not direct) == size % block
     assert store.direct
     for key, data in made.items():
         assert await store.get(key) == data
