@@ -13,7 +13,7 @@ topic nobody holds the writer lease of carries none, and is refused once somebod
 2. the rows' byte ranges are read from their WAL objects (ranged GETs) and checked to be
    whole batches that follow each other; on file:// only their batch headers are read;
 3. the stream object is created (create-if-absent, a key no other attempt uses); on
-   file:// it is copied together from the WAL objects' ranges in the kernel (`compose`);
+   file:// the store copies it together from the WAL objects' ranges (`compose`);
 4. the swap: one transaction replaces exactly the rows read with one row for the object, or
    refuses (stale coordinator or writer lease epoch, rows changed by retention meanwhile,
    partition gone) and changes nothing in the index. WAL objects whose last row went are

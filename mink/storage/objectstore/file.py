@@ -268,9 +268,11 @@ class FileObjectStore:
                       pace: Callable[[int], Awaitable[object]] | None = None) -> None:
         """`create(key, ...)` of the parts back to back, where an ObjectRange part is bytes of
         another object (ObjectNotFound if there is none, ObjectStoreError if it ends
-        before the range does), copied file to file in the kernel (copy_file_range), never
-        into this process: tiering assembles a stream object from WAL objects' ranges so,
-        at a third of the CPU of reading them into memory and writing them out again.
+        before the range does), copied file to file a MiB at a time: read with O_DIRECT
+        into the aligned buffer the object is written from, or, through the page cache, in
+        the kernel (copy_file_range), never into fresh memory of this process: tiering
+        assembles a stream object from WAL objects' ranges so, at a third of the CPU of
+        reading them into memory and writing them out again.
         `pace(n)` is awaited (on the event loop) after each MiB written, before the next:
         the copy of a large object spread out instead of in one burst."""
         throttle = None
