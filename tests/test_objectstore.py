@@ -290,20 +290,28 @@ async def test_file_layout_and_no_leftovers(tmp_path):
         await store.create("wal/.mink-tmp-x", b"reserved")
 
 
+def _record_syncs(monkeypatch) -> list[int]:
+    """The file store's fdatasyncs from now on, as the size of the file at each."""
+    from mink.storage.objectstore import file as file_store
+
+    sizes: list[int] = []
+    real_sync = file_store._fdatasync
+
+    def recording_sync(fd):
+        sizes.append(os.fstat(fd).st_size)
+        real_sync(fd)
+
+    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    return sizes
+
+
 async def test_file_large_objects_are_synced_in_steps(tmp_path, monkeypatch):
     """Through the page cache, an object over 8 MiB is fdatasynced every MiB (a big
     background object must not make the WAL's fsyncs wait for all of its writeback); a
     WAL-sized one once, whole. (Written directly, nothing waits in the page cache: once.)"""
     from mink.storage.objectstore import file as file_store
 
-    synced_at: list[int] = []
-    real_sync = file_store._fdatasync
-
-    def recording_sync(fd):
-        synced_at.append(os.fstat(fd).st_size)
-        real_sync(fd)
-
-    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    synced_at = _record_syncs(monkeypatch)
     store = FileObjectStore(str(tmp_path), direct=False)
     mib = 1024 * 1024
     small = os.urandom(file_store.STEPPED_SYNC_ABOVE)
@@ -697,14 +705,7 @@ async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_p
 
     if direct:
         _skip_without_o_direct(tmp_path)
-    synced_at: list[int] = []
-    real_sync = file_store._fdatasync
-
-    def recording_sync(fd):
-        synced_at.append(os.fstat(fd).st_size)
-        real_sync(fd)
-
-    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
+    synced_at = _record_syncs(monkeypatch)
     store = FileObjectStore(str(tmp_path), direct=direct)
     mib = 1024 * 1024
     a, b = os.urandom(3 * mib + 5), os.urandom(2 * mib)
@@ -838,20 +839,14 @@ async def test_file_objects_are_written_and_read_around_the_page_cache(tmp_path,
     from mink.storage.objectstore import file as file_store
 
     _skip_without_o_direct(tmp_path)
-    syncs: list[int] = []
-    real_sync = file_store._fdatasync
+    syncs = _record_syncs(monkeypatch)
     writes: list[tuple[bool, int]] = []  # (O_DIRECT, bytes) of each aligned-buffer write
     real_pwrite_all = file_store._pwrite_all
-
-    def recording_sync(fd):
-        syncs.append(os.fstat(fd).st_size)
-        real_sync(fd)
 
     def recording_pwrite_all(fd, buf, offset):
         writes.append((bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT), buf.nbytes))
         real_pwrite_all(fd, buf, offset)
 
-    monkeypatch.setattr(file_store, "_fdatasync", recording_sync)
     monkeypatch.setattr(file_store, "_pwrite_all", recording_pwrite_all)
     store = FileObjectStore(str(tmp_path))
     mib, block, small = 1024 * 1024, file_store.DIRECT_ALIGN, file_store.DIRECT_WRITE_ABOVE

@@ -176,11 +176,11 @@ class FileObjectStore:
                     raise ObjectStoreError(f"{d} is an object, cannot create objects below it") from None
         return missing
 
-    def _open_new(self, path: str, *, exists: bool = False) -> tuple[int, bool]:
+    def _open_new(self, path: str, *, direct: bool, exists: bool = False) -> tuple[int, bool]:
         """A new file (O_EXCL; `exists`: the empty one we made) to write, and whether it
-        is open with O_DIRECT."""
+        is open with O_DIRECT (asked for with `direct`, and the store still tries it)."""
         flags = os.O_WRONLY | os.O_CLOEXEC | (0 if exists else os.O_CREAT | os.O_EXCL)
-        if self.direct and _O_DIRECT:
+        if direct and self.direct and _O_DIRECT:
             try:
                 return os.open(path, flags | _O_DIRECT, 0o666), True
             except OSError as exc:
@@ -204,15 +204,8 @@ class FileObjectStore:
         finally:
             os.close(fd)
 
-    def _write_buffers(self, fd: int, direct: bool, key: str,
-                       buffers: list[memoryview]) -> None:
-        size = sum(b.nbytes for b in buffers)
-        if direct and size < DIRECT_WRITE_ABOVE:
-            # A small object through the page cache after all: an O_DIRECT write waits for
-            # the device (80 KB, a WAL object at 20 MB/s: 0.56-0.61 ms written and
-            # fdatasynced, against 0.42-0.45 through the page cache).
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
-            direct = False
+    def _write_buffers(self, fd: int, direct: bool, key: str, buffers: list[memoryview],
+                       size: int) -> None:
         stepped = self.fsync and not key.startswith(WAL_PREFIX) and size > STEPPED_SYNC_ABOVE
         if direct:
             out = _DirectOutput(fd, sync=self.fsync)
@@ -261,8 +254,13 @@ class FileObjectStore:
     async def create(self, key: str, data: Data) -> None:
         path = self._path(key)
         buffers = as_buffers(data)
+        size = sum(b.nbytes for b in buffers)
+        # A small object through the page cache: an O_DIRECT write waits for the device
+        # (80 KB, a WAL object at 20 MB/s: 0.56-0.61 ms written and fdatasynced, against
+        # 0.42-0.45 through the page cache).
         await self._run("create", key, lambda: self._create_sync(
-            key, path, lambda fd, direct: self._write_buffers(fd, direct, key, buffers)))
+            key, path, size >= DIRECT_WRITE_ABOVE,
+            lambda fd, direct: self._write_buffers(fd, direct, key, buffers, size)))
 
     async def compose(self, key: str, parts: Sequence[Buffer | ObjectRange], *,
                       pace: Callable[[int], Awaitable[object]] | None = None) -> None:
@@ -290,19 +288,21 @@ class FileObjectStore:
             else:
                 resolved.extend(as_buffers(part))
         await self._run("create", key, lambda: self._create_sync(
-            key, path, lambda fd, direct: self._write_parts(fd, direct, resolved, throttle)))
+            key, path, True,
+            lambda fd, direct: self._write_parts(fd, direct, resolved, throttle)))
 
-    def _create_sync(self, key: str, path: str, write: Callable[[int, bool], None]) -> None:
+    def _create_sync(self, key: str, path: str, direct: bool,
+                     write: Callable[[int, bool], None]) -> None:
         """`write(fd, direct)` fills (and syncs) a temporary file, opened with O_DIRECT if
-        `direct`, then it becomes the object."""
+        `direct` asks for it and the store still tries it, then it becomes the object."""
         parent = os.path.dirname(path)
         tmp = os.path.join(parent, f"{RESERVED}tmp-{secrets.token_hex(8)}")
         made: list[str] = []
         try:
-            fd, direct = self._open_new(tmp)
+            fd, direct = self._open_new(tmp, direct=direct)
         except FileNotFoundError:
             made = self._makedirs(parent)
-            fd, direct = self._open_new(tmp)
+            fd, direct = self._open_new(tmp, direct=direct)
         try:
             try:
                 write(fd, direct)
@@ -315,7 +315,7 @@ class FileObjectStore:
                 os.ftruncate(fd, 0)
                 os.close(fd)
                 fd = -1
-                fd, direct = self._open_new(tmp, exists=True)
+                fd, direct = self._open_new(tmp, direct=False, exists=True)
                 write(fd, direct)
             finally:
                 if fd >= 0:
@@ -378,29 +378,25 @@ class FileObjectStore:
         return await trio.to_thread.run_sync(run)
 
     def _get_sync(self, key: str, path: str, start: int, end: int | None) -> bytes:
-        direct = self.direct and (end is None or end - start >= DIRECT_READ_ABOVE)
-        try:
-            fd = _open_object(key, path, direct)
-        except OSError as exc:
-            if not (direct and exc.errno == errno.EINVAL):
-                raise
-            self._refuse_direct(exc)
-            direct = False
-            fd = _open_object(key, path)
+        if self.direct and (end is None or end - start >= DIRECT_READ_ABOVE):
+            try:
+                return self._read(key, path, start, end, direct=True)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._refuse_direct(exc)
+        return self._read(key, path, start, end, direct=False)
+
+    def _read(self, key: str, path: str, start: int, end: int | None, *,
+              direct: bool) -> bytes:
+        fd = _open_object(key, path, direct)
         try:
             st = os.fstat(fd)
             stop = st.st_size if end is None else min(end, st.st_size)
             if start >= stop:
                 return b""
             if direct:
-                try:
-                    return _read_direct(fd, start, stop)
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    self._refuse_direct(exc)
-                    os.close(fd)
-                    fd = _open_object(key, path)
+                return _read_direct(fd, start, stop)
             want = stop - start
             data = os.pread(fd, want, start)
             if len(data) == want:
@@ -693,20 +689,12 @@ class _DirectOutput(_SyncedOutput):
     def copy(self, src: int, start: int, end: int) -> int:
         if self.source is None:
             self.source = _ALIGNED.take()
-        position = start
+        copied = 0
         with memoryview(self.source) as window:
-            while position < end:
-                aligned = position - position % DIRECT_ALIGN
-                want = min(_round_up(end - aligned), len(window))
-                # one read: an O_DIRECT read is short only at the end of the file
-                got = os.preadv(src, [window[:want]], aligned) - (position - aligned)
-                if got <= 0:
-                    break
-                got = min(got, end - position)
-                skip = position - aligned
-                self.write(window[skip:skip + got])
-                position += got
-        return position - start
+            for piece in _read_pieces(src, window, start, end):
+                self.write(piece)
+                copied += piece.nbytes
+        return copied
 
     def finish(self) -> None:
         aligned = self.fill - self.fill % DIRECT_ALIGN
@@ -715,8 +703,7 @@ class _DirectOutput(_SyncedOutput):
         if aligned < self.fill:
             # The last part block through the page cache (O_DIRECT cleared): padding it and
             # cutting the file to size cost a read of that block back and a truncate.
-            fcntl.fcntl(self.fd, fcntl.F_SETFL,
-                        fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~_O_DIRECT)
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~_O_DIRECT)
             _pwrite_all(self.fd, self.view[aligned:self.fill], self.offset + aligned)
         if self.sync:
             _fdatasync(self.fd)
@@ -729,24 +716,34 @@ class _DirectOutput(_SyncedOutput):
             self.source = None
 
 
+def _read_pieces(fd: int, window: memoryview, start: int, end: int):
+    """Bytes [start, end) of a file opened with O_DIRECT, a window's worth at a time: each
+    piece a view of `window` (valid until the next), fewer bytes in all only where the file
+    ends first."""
+    position = start
+    while position < end:
+        aligned = position - position % DIRECT_ALIGN
+        want = min(_round_up(end - aligned), len(window))
+        skip = position - aligned
+        # one read: an O_DIRECT read is short only at the end of the file
+        got = min(os.preadv(fd, [window[:want]], aligned) - skip, end - position)
+        if got <= 0:
+            return
+        yield window[skip:skip + got]
+        position += got
+
+
 def _read_direct(fd: int, start: int, stop: int) -> bytes:
     """Bytes [start, stop) of a file opened with O_DIRECT (stop within the file), read
     through an aligned buffer a MiB at a time."""
     buffer = _ALIGNED.take()
     try:
-        pieces = []
-        position = start
         with memoryview(buffer) as window:
-            while position < stop:
-                aligned = position - position % DIRECT_ALIGN
-                want = min(_round_up(stop - aligned), len(window))
-                skip = position - aligned
-                got = min(os.preadv(fd, [window[:want]], aligned) - skip, stop - position)
-                if got <= 0:
-                    raise ObjectStoreError(f"a read ended at byte {position} of {stop}")
-                pieces.append(bytes(window[skip:skip + got]))
-                position += got
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces = [bytes(piece) for piece in _read_pieces(fd, window, start, stop)]
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if len(data) != stop - start:
+            raise ObjectStoreError(f"a read ended at byte {start + len(data)} of {stop}")
+        return data
     finally:
         _ALIGNED.give(buffer)
 
