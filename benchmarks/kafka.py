@@ -1337,6 +1337,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="latency scenario: the offered rates (default 5,20,50)")
     parser.add_argument("--latency-seconds", type=float, metavar="S",
                         help="latency scenario: the window per rate (default 30)")
+    parser.add_argument("--catchup-mb", type=int, metavar="MB",
+                        help="catch-up: MB written, then read back (default 1000)")
+    parser.add_argument("--catchup-consumer", choices=("tuned", "default"), default="tuned",
+                        help="catch-up: the consumer's fetch settings, large (tuned, the "
+                             "default) or librdkafka's own (default)")
     args = parser.parse_args(argv)
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -1354,6 +1359,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg.latency_rates_mb_s = [float(r) for r in args.rates.split(",") if r.strip()]
     if args.latency_seconds:
         cfg.latency_seconds = args.latency_seconds
+    if args.catchup_mb:
+        cfg.catchup_mb = args.catchup_mb
+    if args.catchup_consumer == "default":
+        cfg.consumer_catchup = {}
     if args.partitions:
         cfg.scale_topics = max(1, args.partitions // cfg.scale_partitions_per_topic)
 
