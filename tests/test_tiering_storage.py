@@ -719,6 +719,143 @@ async def test_cold_reads_of_wal_rows_get_aligned_blocks_at_once_shared_by_parti
         "the second partition's reader GETs only the flushes the first did not read")
 
 
+async def test_a_cold_reader_of_wal_rows_asks_the_index_once_per_lookup_and_reads_ahead(
+        metadata, nursery, monkeypatch):
+    """A reader walking WAL rows (not tiered yet) a little at a time asks PostgreSQL once per
+    COLD_READ_ROWS rows, not at every read, and the rows after each read are fetched in the
+    background, the same blocks a read asks for (each GET once): its next read finds them
+    in the block cache or on their way. Rows committed after a lookup are read too: a read
+    that runs past the rows it has asks the index again."""
+    from mink.storage import log as log_module
+    from mink.storage.objectstore import open_object_store
+
+    monkeypatch.setattr(log_module, "COLD_READ_ROWS", 8)
+    objects = open_object_store("memory://")
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, objects, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 40)
+    rows = await index_rows(metadata, topic, 0)
+    assert len(rows) >= 30 and not any(is_stream_object(r.object_key) for r in rows)
+    expected = await read_all(log)
+    lookups: list[int] = []
+    gets: list[tuple[str, int, int]] = []
+
+    class CountingMetadata:
+        async def find_batches(self, topic_id, partition, from_offset, max_rows=100):
+            lookups.append(from_offset)
+            return await metadata.find_batches(topic_id, partition, from_offset, max_rows)
+
+        def __getattr__(self, name):
+            return getattr(metadata, name)
+
+    class Slow:
+        async def get(self, key, start=0, end=None):
+            gets.append((key, start, end))
+            await trio.sleep(0.005)
+            return await objects.get(key, start, end)
+
+        def __getattr__(self, name):
+            return getattr(objects, name)
+
+    cold = Streams(1, streams.node_epoch, Slow(), CountingMetadata())
+    state = await metadata.stream_state(topic.topic_id, 0)
+    reader = _reader(cold, topic.topic_id, 0, state)
+    async with trio.open_nursery() as owner:
+        await owner.start(cold.caches.run_read_ahead)
+        offset, got, reads = 0, [], 0
+        while offset < state.committed_end:
+            values = [v for v in values_of(await reader.read(offset, 4000)) if v[0] >= offset]
+            got += values
+            offset = values[-1][0] + 1
+            reads += 1
+        owner.cancel_scope.cancel()
+    assert got == expected
+    assert reads >= len(rows), "about a row a read"
+    assert len(lookups) <= -(-len(rows) // 8) + 1, (len(lookups), len(rows))
+    assert len(gets) == len(set(gets)), "each block GET once"
+    assert cold.caches.read_ahead_gets >= len(gets) // 2, "most blocks were read ahead"
+
+    # The reader's rows end at the last row; more is committed; a read from that row with a
+    # budget for more gets the new rows too, not only what the cached rows hold.
+    last = rows[-1].base_offset
+    assert values_of(await reader.read(last, 4000))
+    await produce([log], 5, seed=8)
+    state = await metadata.stream_state(topic.topic_id, 0)
+    reader = _reader(cold, topic.topic_id, 0, state)
+    lookups.clear()
+    got = [v for v in values_of(await reader.read(last, 1 << 20)) if v[0] >= last]
+    assert got == [v for v in await read_all(log, last)], "the new rows are read"
+    assert lookups == [rows[-1].last_offset + 1], "asked from where the cached rows end"
+
+
+async def test_read_ahead_pauses_while_what_it_read_waits_unclaimed():
+    """Blocks read ahead that no reader has asked for yet count against a quarter of the
+    block cache: past it, read-ahead pauses (a consumer of many partitions would have its
+    read-ahead evicted before reading it, every block read twice); a reader's hit, a
+    reader that waited for the GET, or the block's eviction claims them."""
+    import types
+
+    from mink.storage import log as log_module
+    from mink.storage.objectstore import open_object_store
+
+    size = 600 * 1024  # over half a WAL block: a row read as itself
+    objects = open_object_store("memory://")
+    rows = []
+    for n in range(8):
+        await objects.create(f"wal/{n}", bytes([n]) * size)
+        rows.append(types.SimpleNamespace(object_key=f"wal/{n}", byte_start=0, byte_end=size))
+    release = trio.Event()
+
+    class Gated:
+        async def get(self, key, start=0, end=None):
+            if key == "wal/7":
+                await release.wait()
+            return await objects.get(key, start, end)
+
+    caches = log_module.ReadCaches(None, Gated(), 0, 8 * size)  # a quarter: 2 blocks
+    async with trio.open_nursery() as owner:
+        await owner.start(caches.run_read_ahead)
+
+        async def settle():
+            while caches.read_ahead_in_flight:
+                await trio.sleep(0.001)
+
+        caches._read_ahead_rows(rows[:3], 3 * size)
+        await settle()
+        assert caches.read_ahead_gets == 3 and caches.unclaimed_bytes == 3 * size
+        caches._read_ahead_rows(rows[3:5], 2 * size)
+        assert caches.read_ahead_gets == 3, "paused: three blocks wait unclaimed"
+        await caches.get_block("wal/0", 0, size)  # a reader's hit claims its block
+        assert caches.unclaimed_bytes == 2 * size
+        caches._read_ahead_rows(rows[3:5], 2 * size)
+        assert caches.read_ahead_gets == 3, "two blocks unclaimed: still paused"
+        await caches.get_block("wal/1", 0, size)
+        caches._read_ahead_rows(rows[3:5], 2 * size)
+        assert caches.read_ahead_gets == 5, "one unclaimed block: read-ahead resumes"
+        await settle()
+        # a reader that waits for a block being read ahead claims it when it lands
+        for n in (2, 3, 4):
+            await caches.get_block(f"wal/{n}", 0, size)
+        assert caches.unclaimed_bytes == 0
+        caches._read_ahead_rows(rows[7:], size)
+        assert caches.read_ahead_in_flight == 1
+        async with trio.open_nursery() as reader:
+            reader.start_soon(caches.get_block, "wal/7", 0, size)
+            await trio.sleep(0.01)
+            release.set()
+        assert ("wal/7", 0, size) not in caches._unclaimed
+        # eviction claims: the cache holds 8 blocks; 8 more evict every one read ahead
+        caches._read_ahead_rows(rows[5:7], 2 * size)
+        await settle()
+        assert caches.unclaimed_bytes == 2 * size
+        for n in range(8):
+            await objects.create(f"other/{n}", b"x" * size)
+            await caches.get_block(f"other/{n}", 0, size)
+        assert caches.unclaimed_bytes == 0 and not caches._unclaimed
+        owner.cancel_scope.cancel()
+
+
 async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery):
     """A reader walking a stream object asks PostgreSQL once per row; when retention takes
     the row and collection its object, the next read re-resolves: out of range, never
@@ -763,7 +900,7 @@ async def test_a_reader_of_a_stream_object_collected_under_it(metadata, nursery)
     with pytest.raises(OffsetOutOfRange):
         await reader.read(offset, 1000)
     assert reader.log_start_offset == log.high_watermark
-    assert reader.key not in cold.caches._stream_rows, "the gone row is forgotten"
+    assert reader.key not in cold.caches._cold_rows, "the gone row is forgotten"
 
 
 async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(

@@ -51,11 +51,17 @@ FOOTER_CACHE_ENTRIES = 4096
 # flight on the node (more are skipped, not queued: the reader then asks itself).
 READ_AHEAD_BLOCKS = 2
 READ_AHEAD_GETS = 8
+# A cold read of WAL rows has the rows after it read ahead (ReadCaches._read_ahead_rows), this
+# many times the read's byte budget: a consumer catching up asks for them next.
+READ_AHEAD_FETCHES = 2
 # A cold read of WAL rows (one small ranged GET each: a flush's share of one partition) asks
 # the index for this many rows at most and GETs the rows it takes this many at a time; one
 # after another, a catch-up read of S3-backed history paid a round trip per row.
 COLD_READ_ROWS = 64
 COLD_READ_GETS = 8
+# The rows of each partition's last cold read are kept for its next (ReadCaches._cold_rows),
+# this many rows on the node at most.
+COLD_ROWS_KEPT = 64 * 1024
 # A WAL row is read through the WAL_BLOCK_BYTES-aligned block holding it, so the rows of the
 # other partitions in the same flush (a catch-up reader of several partitions reads them next)
 # come from the block cache, not a GET each; a row of half a block or more is read as itself.
@@ -452,12 +458,25 @@ def _take(out: list[memoryview], chunk: Chunk, offset: int, size: int,
     return size, offset
 
 
+def _wal_row_blocks(row) -> list[tuple[int, int]]:
+    """The ranges of a WAL row's object that ReadCaches.wal_row_bytes reads it through."""
+    start, end = row.byte_start, row.byte_end
+    if end - start >= WAL_BLOCK_BYTES // 2:
+        return [(start, end)]
+    first = start - start % WAL_BLOCK_BYTES
+    if end <= first + WAL_BLOCK_BYTES:
+        return [(first, first + WAL_BLOCK_BYTES)]
+    middle = first + WAL_BLOCK_BYTES
+    return [(first, middle), (middle, middle + WAL_BLOCK_BYTES)]
+
+
 @dataclass(eq=False, slots=True)
 class _BlockLoad:
     """A block being read from the store; readers of the same block wait for it."""
 
     done: trio.Event = field(default_factory=trio.Event)
     data: bytes | None = None
+    waiters: int = 0  # readers waiting for it: a block read ahead for them is claimed
 
 
 class ReadCaches:
@@ -478,15 +497,23 @@ class ReadCaches:
             collections.OrderedDict())
         self._footers: collections.OrderedDict[str, StreamFooter] = collections.OrderedDict()
         self._loading: dict[tuple[str, int, int], _BlockLoad] = {}
-        # The stream object row each partition was last read from (read_cold).
-        self._stream_rows: collections.OrderedDict[tuple[uuid.UUID, int], object] = (
+        # The index rows of each partition's last cold read, from the first it read on
+        # (read_cold): a reader walking through history asks PostgreSQL once per
+        # COLD_READ_ROWS rows, or once per stream object.
+        self._cold_rows: collections.OrderedDict[tuple[uuid.UUID, int], list] = (
             collections.OrderedDict())
+        self.cold_rows_kept = 0  # rows in _cold_rows, at most COLD_ROWS_KEPT
         # Read-ahead: the nursery its GETs run in (none: no read-ahead), the last block
         # read of each stream object, the read-ahead GETs in flight.
         self._read_ahead_nursery: trio.Nursery | None = None
         self._last_block: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.read_ahead_in_flight = 0
         self.read_ahead_gets = 0  # read-ahead GETs issued, for tests and benchmarks
+        # Blocks read ahead that no reader has asked for yet, and their bytes: read-ahead
+        # pauses while they are a quarter of the block cache, so that a consumer of many
+        # partitions does not have its read-ahead evicted before it is read (read twice).
+        self._unclaimed: dict[tuple[str, int, int], int] = {}
+        self.unclaimed_bytes = 0
 
     def add_tail(self, log_: PartitionLog, chunk: Chunk) -> None:
         log_.tail.append(chunk)
@@ -500,10 +527,10 @@ class ReadCaches:
             else:
                 self._stale -= 1  # dropped with its log already
 
-    def forget_stream_row(self, key: tuple[uuid.UUID, int]) -> None:
-        """The partition's last stream row is no longer trusted (compaction swapped rows of
-        the same offsets): the next cold read asks the index."""
-        self._stream_rows.pop(key, None)
+    def forget_rows(self, key: tuple[uuid.UUID, int]) -> None:
+        """The partition's cached index rows are no longer trusted (compaction swapped rows
+        of the same offsets): the next cold read asks the index."""
+        self._drop_rows(key)
 
     def drop_tail_below(self, log_: PartitionLog, offset: int) -> int:
         """Forget the log's oldest chunks while they lie wholly below `offset` (their
@@ -530,55 +557,60 @@ class ReadCaches:
 
     async def read_cold(self, log_: PartitionLog, offset: int, max_bytes: int) -> list[Chunk]:
         try:
-            # A stream object's row covers tens of MiB: a reader walking through it asks
-            # PostgreSQL once, not at every Fetch (the row never changes; if retention takes
-            # it, its object goes only after file.delete.delay.ms, and a read that finds it
-            # gone forgets it and asks again).
-            cached = self._stream_rows.get(log_.key)
-            if cached is not None and cached.base_offset <= offset <= cached.last_offset:
-                self._stream_rows.move_to_end(log_.key)
-                rows = [cached]
-            else:
-                rows = await self.metadata.find_batches(log_.topic_id, log_.partition, offset,
-                                                        max_rows=COLD_READ_ROWS)
             chunks: list[Chunk] = []
-            size = 0
-            i = 0
-            while i < len(rows) and size < max_bytes:
-                row = rows[i]
-                if is_stream_object(row.object_key):
-                    size, complete = await self._read_stream_row(log_, row, offset, max_bytes,
-                                                                 chunks, size)
-                    if not complete:
-                        break
-                    i += 1
-                    continue
-                # a run of WAL rows, as many as the budget takes (the first always), at once
-                run = i
-                while run < len(rows) and not is_stream_object(rows[run].object_key) and (
-                        run == i or size < max_bytes):
-                    size += rows[run].byte_end - rows[run].byte_start
-                    run += 1
-                chunks.extend(await self._get_rows(rows[i:run]))
-                i = run
+            rows = self._cached_rows(log_.key, offset)
+            cached = rows is not None
+            at, size = offset, 0
+            while True:
+                if rows is None:
+                    rows = await self.metadata.find_batches(log_.topic_id, log_.partition, at,
+                                                            max_rows=COLD_READ_ROWS)
+                    self._keep_rows(log_.key, rows)
+                size, i = await self._read_rows(log_, rows, at, max_bytes, chunks, size)
+                if not (cached and rows and i == len(rows) and size < max_bytes):
+                    break
+                # the cached rows ran out with budget left: the index may know more by now
+                at, rows, cached = rows[-1].last_offset + 1, None, False
+            self._read_ahead_rows(rows[i:], READ_AHEAD_FETCHES * max_bytes)
             return chunks
         except ObjectNotFound as exc:
-            self._stream_rows.pop(log_.key, None)
+            self._drop_rows(log_.key)
             raise ObjectGone(f"reading offset {offset}: {exc}") from exc
         except StreamObjectError as exc:
-            self._stream_rows.pop(log_.key, None)
+            self._drop_rows(log_.key)
             raise StorageUnavailable(f"reading offset {offset}: {exc}") from exc
         except (MetadataError, ObjectStoreError) as exc:
             # Retriable for the client; reads of cached data go on meanwhile.
             raise StorageUnavailable(f"reading offset {offset} from the store: {exc}") from exc
 
+    async def _read_rows(self, log_: PartitionLog, rows: list, offset: int, max_bytes: int,
+                         chunks: list[Chunk], size: int) -> tuple[int, int]:
+        """Read `rows` (index rows from the one holding `offset`) into `chunks` while the
+        budget lasts. The new size, and the index of the first row not read to its end."""
+        i = 0
+        while i < len(rows) and size < max_bytes:
+            row = rows[i]
+            if is_stream_object(row.object_key):
+                size, complete = await self._read_stream_row(log_, row, offset, max_bytes,
+                                                             chunks, size)
+                if not complete:
+                    break
+                i += 1
+                continue
+            # a run of WAL rows, as many as the budget takes (the first always), at once
+            run = i
+            while run < len(rows) and not is_stream_object(rows[run].object_key) and (
+                    run == i or size < max_bytes):
+                size += rows[run].byte_end - rows[run].byte_start
+                run += 1
+            chunks.extend(await self._get_rows(rows[i:run]))
+            i = run
+        return size, i
+
     async def _read_stream_row(self, log_: PartitionLog, row, offset: int, max_bytes: int,
                                chunks: list[Chunk], size: int) -> tuple[int, bool]:
         """A tiered row: only the batches wanted, through the object's footer, one chunk per
         block. The new size, and whether the read reached the row's end."""
-        self._stream_rows[log_.key] = row
-        while len(self._stream_rows) > FOOTER_CACHE_ENTRIES:
-            self._stream_rows.popitem(last=False)
         reader = await self.stream_reader(row)
         at = max(offset, row.base_offset)
         while True:  # a read ends at a block's end: one chunk per block
@@ -591,18 +623,71 @@ class ReadCaches:
         self.read_ahead(row.object_key, reader)
         return size, last >= row.last_offset
 
+    def _cached_rows(self, key: tuple[uuid.UUID, int], offset: int) -> list | None:
+        """The partition's cached index rows from the one holding `offset`; None when the
+        offset is not in them (before them, or past them: the index knows more by now)."""
+        rows = self._cold_rows.get(key)
+        if rows is None:
+            return None
+        i = 0
+        while i < len(rows) and rows[i].last_offset < offset:
+            i += 1
+        if i == len(rows) or rows[i].base_offset > offset:
+            return None
+        self._keep_rows(key, rows[i:])
+        return rows[i:]
+
+    def _keep_rows(self, key: tuple[uuid.UUID, int], rows: list) -> None:
+        """Committed index rows never change: tiering, compaction and retention replace or
+        delete them, and their objects go only after file.delete.delay.ms, so a reader that
+        finds one gone forgets them and asks again (ObjectGone)."""
+        self._drop_rows(key)
+        if not rows:
+            return
+        self._cold_rows[key] = rows
+        self.cold_rows_kept += len(rows)
+        while self.cold_rows_kept > COLD_ROWS_KEPT:
+            _, old = self._cold_rows.popitem(last=False)
+            self.cold_rows_kept -= len(old)
+
+    def _drop_rows(self, key: tuple[uuid.UUID, int]) -> None:
+        rows = self._cold_rows.pop(key, None)
+        if rows is not None:
+            self.cold_rows_kept -= len(rows)
+
+    def _read_ahead_rows(self, rows: list, budget: int) -> None:
+        """After a cold read: GET the WAL rows that follow it, about `budget` bytes (one row
+        at least), in the background, the same blocks a read of them asks for, so that the
+        reader's next Fetch finds them in the block cache or on their way."""
+        ahead = 0
+        for row in rows:
+            if ahead >= budget or is_stream_object(row.object_key):
+                break  # a stream object's reader reads ahead itself (read_ahead)
+            ahead += row.byte_end - row.byte_start
+            for start, end in _wal_row_blocks(row):
+                block_key = (row.object_key, start, end)
+                if block_key in self._blocks or block_key in self._loading:
+                    continue
+                if not self._reading_ahead():
+                    return
+                self.read_ahead_in_flight += 1
+                self.read_ahead_gets += 1
+                self._read_ahead_nursery.start_soon(self._read_ahead_block, row.object_key,
+                                                    start, end)
+
     async def wal_row_bytes(self, row) -> bytes | memoryview:
-        """A WAL row's batches, from the aligned block(s) holding them (WAL_BLOCK_BYTES)."""
+        """A WAL row's batches: a row of half a block or more as itself, a smaller one from
+        the aligned block(s) holding it (WAL_BLOCK_BYTES), as _wal_row_blocks says."""
         key, start, end = row.object_key, row.byte_start, row.byte_end
-        if end - start >= WAL_BLOCK_BYTES // 2:
-            return await self.get_block(key, start, end)
-        first = start - start % WAL_BLOCK_BYTES
-        block = await self.get_block(key, first, first + WAL_BLOCK_BYTES)
-        if end <= first + WAL_BLOCK_BYTES:
-            return memoryview(block)[start - first:end - first]
+        blocks = _wal_row_blocks(row)
+        first, first_end = blocks[0]
+        block = await self.get_block(key, first, first_end)
+        if len(blocks) == 1:
+            return block if (first, first_end) == (start, end) else (
+                memoryview(block)[start - first:end - first])
         # across a block boundary: the two pieces (together under half a block)
-        after = await self.get_block(key, first + WAL_BLOCK_BYTES, first + 2 * WAL_BLOCK_BYTES)
-        return block[start - first:] + after[:end - first - WAL_BLOCK_BYTES]
+        after = await self.get_block(key, *blocks[1])
+        return block[start - first:] + after[:end - first_end]
 
     async def _get_rows(self, rows: list) -> list[Chunk]:
         """The WAL rows' bytes as chunks in their order, COLD_READ_GETS GETs at a time.
@@ -684,7 +769,7 @@ class ReadCaches:
         size, length = reader.block_size, reader.footer.data_length
         for n in range(last + 1, last + 1 + READ_AHEAD_BLOCKS):
             start, end = n * size, min((n + 1) * size, length)
-            if start >= length or self.read_ahead_in_flight >= READ_AHEAD_GETS:
+            if start >= length or not self._reading_ahead():
                 break
             block_key = (key, start, end)
             if block_key in self._blocks or block_key in self._loading:
@@ -695,7 +780,7 @@ class ReadCaches:
 
     async def _read_ahead_block(self, key: str, start: int, end: int) -> None:
         try:
-            await self.get_block(key, start, end)
+            await self.get_block(key, start, end, ahead=True)
         except Exception as exc:  # a reader that needs the block asks again itself
             log.debug("read-ahead of %s [%d, %d) failed: %r", key, start, end, exc)
         finally:
@@ -713,18 +798,22 @@ class ReadCaches:
             raise StorageUnavailable(f"reading {row.object_key}: {exc}") from exc
         return b"" if found is None else found[1]
 
-    async def get_block(self, key: str, start: int, end: int) -> bytes:
+    async def get_block(self, key: str, start: int, end: int, *, ahead: bool = False) -> bytes:
+        """A block through the cache. `ahead`: read ahead, for no reader yet."""
         block_key = (key, start, end)
         while True:
             data = self._blocks.get(block_key)
             if data is not None:
                 self._blocks.move_to_end(block_key)
+                if not ahead:
+                    self._claim(block_key)
                 return data
             # Readers missing the same block at once share one GET (catch-up readers of
             # one partition read the same blocks of its stream objects).
             loading = self._loading.get(block_key)
             if loading is None:
                 break
+            loading.waiters += not ahead
             await loading.done.wait()
             if loading.data is not None:
                 return loading.data
@@ -737,7 +826,22 @@ class ReadCaches:
             loading.done.set()
         self._blocks[block_key] = data
         self.block_used += len(data)
+        if ahead and not loading.waiters:
+            self._unclaimed[block_key] = len(data)
+            self.unclaimed_bytes += len(data)
         while self.block_used > self.block_budget and self._blocks:
-            _, old = self._blocks.popitem(last=False)
+            old_key, old = self._blocks.popitem(last=False)
             self.block_used -= len(old)
+            self._claim(old_key)
         return data
+
+    def _claim(self, block_key: tuple[str, int, int]) -> None:
+        size = self._unclaimed.pop(block_key, None)
+        if size is not None:
+            self.unclaimed_bytes -= size
+
+    def _reading_ahead(self) -> bool:
+        """Whether another read-ahead GET may start now."""
+        return (self._read_ahead_nursery is not None
+                and self.read_ahead_in_flight < READ_AHEAD_GETS
+                and self.unclaimed_bytes < self.block_budget // 4)

@@ -99,9 +99,9 @@ class LogCleaner:
             if partition_log is None or self._passes_seen.get(key) == passes:
                 continue
             partition_log.forget_tail_below(cleaned_to)
-            # The stream row a reader of this partition last used may be the one a pass
+            # The index rows a reader of this partition last used may be the ones a pass
             # swapped away (same offsets, another object): ask the index again.
-            partition_log.caches.forget_stream_row(key)
+            partition_log.caches.forget_rows(key)
             self._passes_seen[key] = passes
 
     async def _passes(self, done: list[compaction.PassOutcome]) -> None:
