@@ -87,6 +87,7 @@ class KafkaBenchConfig:
     # 4. catch-up
     catchup_mb: int = 1000
     catchup_partitions: int = 3
+    catchup_tiered: bool = False  # read back once tiering moved it all to stream objects
     drop_page_cache: bool = True
     # 5. scale
     scale_topics: int = 10
@@ -894,6 +895,7 @@ def run_catchup(bench: Bench, node: Node, store: str) -> None:
         "value_bytes": cfg.value_bytes, "duration": 3600, "max_messages": messages,
         "producer_config": cfg.producer_throughput, "warmup_per_partition": 0}, [node], 600)
     print(f" {written['acked']} messages at {written['mb_per_s']:.0f} MB/s", flush=True)
+    tiered_s = wait_tiered(node, topic) if cfg.catchup_tiered else None
     variants = [("node restarted", False)]
     if cfg.drop_page_cache:
         variants.append(("node restarted, OS page cache dropped", True))
@@ -916,6 +918,7 @@ def run_catchup(bench: Bench, node: Node, store: str) -> None:
                        "page_cache_dropped": dropped, "written_mb": round(
                            written["acked"] * cfg.value_bytes / MB, 1),
                        "produce_mb_per_s": written["mb_per_s"], "node_ready_s": round(ready_s, 2),
+                       "tiered_after_s": tiered_s,
                        "node_rss_before_mib": rss_before})
         bench.report["catchup"].append(result)
         print(f" {result['mb_per_s']:7.1f} MB/s, {result['received']}/{result['expected']} "
@@ -923,6 +926,28 @@ def run_catchup(bench: Bench, node: Node, store: str) -> None:
               f"(node cpu {result['cpu'].get('node_pct')}%, consumer cpu "
               f"{result['client_cpu_pct']}%)", flush=True)
     bench.settle()
+
+
+def wait_tiered(node: Node, topic: str, timeout: float = 600.0) -> float:
+    """Wait until tiering has moved every index row of `topic` to stream objects (the node's
+    MINK_TIERING_DELAY_MS sets how soon): the seconds it took."""
+    import psycopg
+
+    _say(f"  catch-up   waiting for tiering of {topic} ...")
+    started = time.monotonic()
+    with psycopg.connect(node.db_url, autocommit=True) as conn:
+        while True:
+            (wal_rows,) = conn.execute(
+                "SELECT count(*) FROM batch_index AS b JOIN topics AS t USING (topic_id)"
+                " WHERE t.name = %s AND b.object_key NOT LIKE 'stream/%%'", (topic,)).fetchone()
+            if wal_rows == 0:
+                waited = time.monotonic() - started
+                print(f" tiered after {waited:.0f} s", flush=True)
+                return round(waited, 1)
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"{wal_rows} index rows of {topic} still in WAL objects "
+                                   f"after {timeout:.0f} s (is tiering on?)")
+            time.sleep(1.0)
 
 
 def run_single_node_store(bench: Bench, store_name: str) -> None:
@@ -1342,6 +1367,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catchup-consumer", choices=("tuned", "default"), default="tuned",
                         help="catch-up: the consumer's fetch settings, large (tuned, the "
                              "default) or librdkafka's own (default)")
+    parser.add_argument("--catchup-tiered", action="store_true",
+                        help="catch-up: read back once tiering moved everything to stream "
+                             "objects (set MINK_TIERING_DELAY_MS, e.g. 4000, to wait less)")
     args = parser.parse_args(argv)
 
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -1363,6 +1391,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.catchup_mb = args.catchup_mb
     if args.catchup_consumer == "default":
         cfg.consumer_catchup = {}
+    cfg.catchup_tiered = args.catchup_tiered
     if args.partitions:
         cfg.scale_topics = max(1, args.partitions // cfg.scale_partitions_per_topic)
 
