@@ -48,13 +48,14 @@ def reader_of(obj: bytes, data_length: int, block_size: int, gets: list | None =
     footer = decode_footer(obj[data_length:], data_length)
 
     async def get_block(start: int, end: int) -> bytes:
-        assert start % block_size == 0, "reads are block-aligned"
-        assert end - start <= block_size
+        blocks = [reader.block_range(n) for n in range(reader.blocks)]
+        assert (start, end) in blocks, "reads are of whole blocks"
         if gets is not None:
             gets.append((start, end))
         return obj[start:end]
 
-    return StreamObjectReader(footer, get_block, block_size)
+    reader = StreamObjectReader(footer, get_block, block_size)
+    return reader
 
 
 def records(batches):
@@ -159,30 +160,35 @@ def test_a_gap_or_a_torn_batch_is_refused():
         decode_footer(obj[data_length:], data_length - 1)
 
 
-async def test_a_read_stops_at_its_blocks_end_and_is_no_copy_within_it():
+async def test_a_read_is_a_view_of_one_block_and_blocks_begin_at_batches():
     """A Fetch's read of a stream object is a view of one cached block (sent as it is by the
-    Fetch encoder), or the one batch that crosses into the next block."""
-    block_size = 4096
-    batches = make_batches(120, seed=5)
-    writer, obj = build(batches)
-    data_length = len(b"".join(batches))
-    reader = reader_of(obj, data_length, block_size)
-    starts, position = {}, 0
-    for batch in batches:
-        (header, _), = list(iter_batches(batch))
-        starts[header.base_offset] = position
-        position += len(batch)
-    offset, crossing = 100, 0
-    while offset <= writer.last_offset:
-        base, last, got = await reader.read(offset, 10 << 20)
-        start = starts[base]
-        block_end = (start // block_size + 1) * block_size
-        if start + len(got) > block_end:
-            assert len(list(iter_batches(got))) == 1, "only a crossing batch goes past"
-            crossing += 1
-        else:
-            block_start = start // block_size * block_size
-            assert len(got.obj) == min(block_size, data_length - block_start), \
-                "a view of the cached block, not a copy"
-        offset = last + 1
-    assert crossing > 0
+    Fetch encoder), never a copy: the reader's blocks begin at index entries (batch starts),
+    each the first one `block_size` or more after the previous block's beginning, so no
+    batch lies across two, whatever the batches' sizes against the block size."""
+    for block_size, interval in ((4096, 4096), (1000, 512), (20_000, 4096)):
+        batches = make_batches(120, seed=5)
+        writer, obj = build(batches, index_interval=interval)
+        data_length = len(b"".join(batches))
+        reader = reader_of(obj, data_length, block_size)
+        starts, position = {}, 0
+        for batch in batches:
+            (header, _), = list(iter_batches(batch))
+            starts[header.base_offset] = position
+            position += len(batch)
+        bounds = [reader.block_range(n) for n in range(reader.blocks)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == data_length
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), "contiguous"
+        batch_starts = set(starts.values())
+        assert all(s in batch_starts for s, _ in bounds), "blocks begin at batches"
+        assert all(e - s >= block_size for s, e in bounds[:-1])
+        biggest = max(len(b) for b in batches)
+        assert all(e - s < block_size + interval + biggest for s, e in bounds)
+        offset, reads = 100, 0
+        while offset <= writer.last_offset:
+            base, last, got = await reader.read(offset, 10 << 20)
+            start = starts[base]
+            (block,) = [(s, e) for s, e in bounds if s <= start < e]
+            assert len(got.obj) == block[1] - block[0], "a view of the cached block"
+            assert start + len(got) == block[1], "to the block's end"
+            offset, reads = last + 1, reads + 1
+        assert reads == len(bounds), (block_size, interval)

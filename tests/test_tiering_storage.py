@@ -554,8 +554,9 @@ def test_plan_groups_consecutive_rows_up_to_the_target():
 
 async def test_a_cold_fetch_of_a_stream_object_reads_its_footer_and_a_block(
         metadata, nursery, monkeypatch):
-    """One small ranged GET for the footer (cached after), then block-aligned ranges: never
-    the whole object for a small Fetch."""
+    """One small ranged GET for the footer (cached after), then the reader's blocks (about
+    STREAM_BLOCK_BYTES each, from a batch start): never the whole object for a small
+    Fetch."""
     import mink.storage.log as log_module
 
     monkeypatch.setattr(log_module, "STREAM_BLOCK_BYTES", 16 * 1024)
@@ -583,9 +584,11 @@ async def test_a_cold_fetch_of_a_stream_object_reads_its_footer_and_a_block(
     assert got[0][0] <= middle <= got[-1][0]
     footer_get, *block_gets = gets
     assert footer_get[:3] == (key, row.byte_end, None) and footer_get[3] < 8192
-    assert block_gets and all(n <= 16 * 1024 and start % (16 * 1024) == 0
-                              for _, start, _, n in block_gets)
-    assert sum(n for *_, n in block_gets) <= 4 * 16 * 1024 + 61 * 1024
+    blocks = await cold.caches.stream_reader(row)
+    bounds = [blocks.block_range(n) for n in range(blocks.blocks)]
+    # one block: the index entry a read walks from is in the block of the batch it finds
+    # (blocks begin at index entries)
+    assert len(block_gets) == 1 and block_gets[0][1:3] in bounds
     gets.clear()
     assert (await reader.offset_for_timestamp(BASE_TS + 40_000))[0] > 0
     assert all(start != row.byte_end for _, start, _, _ in gets), "the footer is cached"
@@ -926,7 +929,9 @@ async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
     (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
     key = await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
     (row,) = await index_rows(metadata, topic, 0)
-    blocks = -(-row.byte_end // block)
+    bounds = {r.block_range(n) for r in [await log_module.ReadCaches(
+        metadata, objects).stream_reader(row)] for n in range(r.blocks)}
+    blocks = len(bounds)
     assert blocks > 8
     expected = await read_all(log)
 
@@ -964,8 +969,7 @@ async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
             readers.start_soon(walk, "large", 40_000)
         owner.cancel_scope.cancel()
     assert walked["small"] == walked["large"] == expected
-    assert all(start % block == 0 and end == min(start + block, row.byte_end)
-               for start, end in gets), "block-aligned ranges only"
+    assert set(gets) == bounds, "the reader's blocks only"
     assert sorted(gets) == sorted(set(gets)), "each block fetched once, shared by everyone"
     assert len(gets) == blocks
     assert cold.caches.read_ahead_gets >= blocks // 2, "most blocks were read ahead"
@@ -977,8 +981,8 @@ async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
             await trio.sleep_forever()
 
     hanging = log_module.ReadCaches(metadata, Hanging(), 0, 1 << 20)
-    fake = types.SimpleNamespace(blocks_read=(0, 0), block_size=block,
-                                 footer=types.SimpleNamespace(data_length=10 * block))
+    fake = types.SimpleNamespace(blocks_read=(0, 0), blocks=10,
+                                 block_range=lambda n: (n * block, (n + 1) * block))
     with trio.fail_after(5):
         async with trio.open_nursery() as owner:
             await owner.start(hanging.run_read_ahead)

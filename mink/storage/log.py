@@ -42,8 +42,9 @@ from mink.storage.stream_object import (
 log = logging.getLogger(__name__)
 
 _BATCH_POSITION = struct.Struct(">qi")  # baseOffset, batchLength
-# Stream objects are read in blocks of this size (cached, shared by readers of any size: a
-# sequential reader reads ahead), their footers kept for this many objects.
+# Stream objects are read in blocks of this size or a little more (each from a batch start to
+# a batch start: StreamObjectReader), cached, shared by readers of any size (a sequential
+# reader reads ahead); their footers kept for this many objects.
 STREAM_BLOCK_BYTES = 1024 * 1024
 FOOTER_CACHE_ENTRIES = 4096
 # Read-ahead of stream objects (ReadCaches.read_ahead): a sequential reader gets this many
@@ -716,8 +717,8 @@ class ReadCaches:
 
     async def stream_reader(self, row) -> StreamObjectReader:
         """The reader of a stream object's row: its footer from the cache, or one ranged GET
-        of the bytes after the row's data (the footer); the batches then come in
-        block-aligned ranges through the block cache."""
+        of the bytes after the row's data (the footer); the batches then come in the
+        reader's blocks through the block cache."""
         footer = self._footers.get(row.object_key)
         if footer is None:
             tail = await self.objects.get(row.object_key, row.byte_end)
@@ -750,8 +751,8 @@ class ReadCaches:
     def read_ahead(self, key: str, reader: StreamObjectReader) -> None:
         """After a read of a stream object: if it went on from where the previous read of
         this object ended (or started at its beginning), fetch the next blocks in the
-        background, the same block-aligned ranges every reader asks for, so they land in
-        the block cache (or are waited on by a reader that needs them first)."""
+        background, the same ranges every reader asks for, so they land in the block cache
+        (or are waited on by a reader that needs them first)."""
         span = reader.blocks_read
         if span is None:
             return
@@ -766,11 +767,10 @@ class ReadCaches:
                       else first <= previous + 1 and last >= previous)
         if nursery is None or not sequential:
             return
-        size, length = reader.block_size, reader.footer.data_length
         for n in range(last + 1, last + 1 + READ_AHEAD_BLOCKS):
-            start, end = n * size, min((n + 1) * size, length)
-            if start >= length or not self._reading_ahead():
+            if n >= reader.blocks or not self._reading_ahead():
                 break
+            start, end = reader.block_range(n)
             block_key = (key, start, end)
             if block_key in self._blocks or block_key in self._loading:
                 continue

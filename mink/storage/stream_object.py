@@ -218,11 +218,15 @@ RangeGet = Callable[[int, int], Awaitable[bytes]]
 
 
 class StreamObjectReader:
-    """Reads one stream object through its footer and block-aligned ranges.
+    """Reads one stream object through its footer and whole blocks.
 
     `get_block(start, end)` returns the object's bytes [start, end); the reader only ever
-    asks for whole blocks of `block_size` (the last one clipped to the data), so a block
-    cache under it is shared by readers of any size and a sequential reader reads ahead."""
+    asks for whole blocks, so a block cache under it is shared by readers of any size and a
+    sequential reader reads ahead. A block begins at the first index entry `block_size` or
+    more after the previous block's beginning (every reader of the object draws the same
+    ones from its footer): it begins and ends at batch boundaries, so no batch lies across
+    two blocks, and a read is a view of one cached block, never a copy, whatever the
+    batches' sizes."""
 
     def __init__(self, footer: StreamFooter, get_block: RangeGet,
                  block_size: int = DEFAULT_BLOCK_SIZE) -> None:
@@ -231,16 +235,32 @@ class StreamObjectReader:
         self.block_size = block_size
         self._offsets = [e.offset_delta for e in footer.index]
         self._max_before = [e.max_timestamp_before for e in footer.index]
+        starts = [0]
+        for entry in footer.index:
+            if entry.position >= starts[-1] + block_size and entry.position < footer.data_length:
+                starts.append(entry.position)
+        self._block_starts = starts
+        self._block_ends = [*starts[1:], footer.data_length]
         # (first, last) block numbers the reads of this reader asked for (read-ahead).
         self.blocks_read: tuple[int, int] | None = None
+
+    @property
+    def blocks(self) -> int:
+        return len(self._block_starts)
+
+    def block_range(self, n: int) -> tuple[int, int]:
+        """Block `n`'s bytes [start, end) of the data (0 <= n < blocks)."""
+        return self._block_starts[n], self._block_ends[n]
+
+    def _block_of(self, position: int) -> int:
+        return bisect.bisect_right(self._block_starts, position) - 1
 
     async def _bytes(self, start: int, end: int) -> memoryview:
         """Bytes [start, end) of the data, assembled from whole blocks."""
         end = min(end, self.footer.data_length)
         if start >= end:
             return memoryview(b"")
-        size = self.block_size
-        first, last = start // size, (end - 1) // size
+        first, last = self._block_of(start), self._block_of(end - 1)
         if self.blocks_read is None:
             self.blocks_read = (first, last)
         else:
@@ -248,8 +268,7 @@ class StreamObjectReader:
         blocks: list[bytes] = [b""] * (last - first + 1)
 
         async def block(n: int) -> None:
-            blocks[n - first] = await self.get_block(
-                n * size, min((n + 1) * size, self.footer.data_length))
+            blocks[n - first] = await self.get_block(*self.block_range(n))
 
         if first == last:
             await block(first)
@@ -257,13 +276,14 @@ class StreamObjectReader:
             async with trio.open_nursery() as nursery:
                 for n in range(first, last + 1):
                     nursery.start_soon(block, n)
-        skip = start - first * size
+        skip = start - self._block_starts[first]
         if first == last:
             return memoryview(blocks[0])[skip:skip + end - start]
-        # across blocks: a copy of the bytes asked for only, not of the whole blocks
+        # across blocks (not asked for by read(), which stays in one): a copy of the bytes
+        # asked for only, not of the whole blocks
         views = [memoryview(b) for b in blocks]
         views[0] = views[0][skip:]
-        views[-1] = views[-1][:end - last * size]
+        views[-1] = views[-1][:end - self._block_starts[last]]
         return memoryview(b"".join(views))
 
     async def _header(self, position: int) -> BatchHeader:
@@ -291,9 +311,10 @@ class StreamObjectReader:
             position += header.batch_length + LOG_OVERHEAD
         first_size = header.batch_length + LOG_OVERHEAD
         # Up to the end of the block the batch starts in (a view of the cached block, no
-        # copy), or to the batch's own end if it crosses into the next: the caller reads on
-        # from `last + 1` for more.
-        block_end = (position // self.block_size + 1) * self.block_size
+        # copy; a block ends at a batch boundary), or to the batch's own end should a batch
+        # run past its block (an object whose footer does not index its batch starts): the
+        # caller reads on from `last + 1` for more.
+        block_end = self._block_ends[self._block_of(position)]
         end_at = max(min(position + max_bytes, block_end), position + first_size)
         data = await self._bytes(position, end_at)
         end = 0
