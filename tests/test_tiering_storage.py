@@ -807,7 +807,9 @@ async def test_read_ahead_pauses_while_what_it_read_waits_unclaimed():
     rows = []
     for n in range(8):
         await objects.create(f"wal/{n}", bytes([n]) * size)
-        rows.append(types.SimpleNamespace(object_key=f"wal/{n}", byte_start=0, byte_end=size))
+        rows.append(types.SimpleNamespace(object_key=f"wal/{n}", byte_start=0, byte_end=size,
+                                          base_offset=n))
+    everything = 1 << 62  # the offset read-ahead stops below (the tail cache's first)
     release = trio.Event()
 
     class Gated:
@@ -824,24 +826,26 @@ async def test_read_ahead_pauses_while_what_it_read_waits_unclaimed():
             while caches.read_ahead_in_flight:
                 await trio.sleep(0.001)
 
-        caches._read_ahead_rows(rows[:3], 3 * size)
+        caches._read_ahead_rows(rows[:3], 3 * size, 0)
+        assert caches.read_ahead_gets == 0, "nothing the tail cache holds is read ahead"
+        caches._read_ahead_rows(rows[:3], 3 * size, everything)
         await settle()
         assert caches.read_ahead_gets == 3 and caches.unclaimed_bytes == 3 * size
-        caches._read_ahead_rows(rows[3:5], 2 * size)
+        caches._read_ahead_rows(rows[3:5], 2 * size, everything)
         assert caches.read_ahead_gets == 3, "paused: three blocks wait unclaimed"
         await caches.get_block("wal/0", 0, size)  # a reader's hit claims its block
         assert caches.unclaimed_bytes == 2 * size
-        caches._read_ahead_rows(rows[3:5], 2 * size)
+        caches._read_ahead_rows(rows[3:5], 2 * size, everything)
         assert caches.read_ahead_gets == 3, "two blocks unclaimed: still paused"
         await caches.get_block("wal/1", 0, size)
-        caches._read_ahead_rows(rows[3:5], 2 * size)
+        caches._read_ahead_rows(rows[3:5], 2 * size, everything)
         assert caches.read_ahead_gets == 5, "one unclaimed block: read-ahead resumes"
         await settle()
         # a reader that waits for a block being read ahead claims it when it lands
         for n in (2, 3, 4):
             await caches.get_block(f"wal/{n}", 0, size)
         assert caches.unclaimed_bytes == 0
-        caches._read_ahead_rows(rows[7:], size)
+        caches._read_ahead_rows(rows[7:], size, everything)
         assert caches.read_ahead_in_flight == 1
         async with trio.open_nursery() as reader:
             reader.start_soon(caches.get_block, "wal/7", 0, size)
@@ -849,7 +853,7 @@ async def test_read_ahead_pauses_while_what_it_read_waits_unclaimed():
             release.set()
         assert ("wal/7", 0, size) not in caches._unclaimed
         # eviction claims: the cache holds 8 blocks; 8 more evict every one read ahead
-        caches._read_ahead_rows(rows[5:7], 2 * size)
+        caches._read_ahead_rows(rows[5:7], 2 * size, everything)
         await settle()
         assert caches.unclaimed_bytes == 2 * size
         for n in range(8):

@@ -572,7 +572,9 @@ class ReadCaches:
                     break
                 # the cached rows ran out with budget left: the index may know more by now
                 at, rows, cached = rows[-1].last_offset + 1, None, False
-            self._read_ahead_rows(rows[i:], READ_AHEAD_FETCHES * max_bytes)
+            # what the tail cache holds is read from there, not read ahead
+            below = log_.tail[0].base_offset if log_.tail else log_.committed_end
+            self._read_ahead_rows(rows[i:], READ_AHEAD_FETCHES * max_bytes, below)
             return chunks
         except ObjectNotFound as exc:
             self._drop_rows(log_.key)
@@ -656,14 +658,15 @@ class ReadCaches:
         if rows is not None:
             self.cold_rows_kept -= len(rows)
 
-    def _read_ahead_rows(self, rows: list, budget: int) -> None:
+    def _read_ahead_rows(self, rows: list, budget: int, below: int) -> None:
         """After a cold read: GET the WAL rows that follow it, about `budget` bytes (one row
-        at least), in the background, the same blocks a read of them asks for, so that the
-        reader's next Fetch finds them in the block cache or on their way."""
+        at least) of those starting below offset `below`, in the background, the same blocks
+        a read of them asks for, so that the reader's next Fetch finds them in the block
+        cache or on their way."""
         ahead = 0
         for row in rows:
-            if ahead >= budget or is_stream_object(row.object_key):
-                break  # a stream object's reader reads ahead itself (read_ahead)
+            if ahead >= budget or row.base_offset >= below or is_stream_object(row.object_key):
+                break  # (a stream object's reader reads ahead itself: read_ahead)
             ahead += row.byte_end - row.byte_start
             for start, end in _wal_row_blocks(row):
                 block_key = (row.object_key, start, end)
