@@ -31,7 +31,6 @@ from mink.storage.producer_state import (
     RefusedSequences,
 )
 from mink.storage.stream_object import (
-    StreamFooter,
     StreamObjectError,
     StreamObjectReader,
     decode_footer,
@@ -496,7 +495,10 @@ class ReadCaches:
         self.block_used = 0
         self._blocks: collections.OrderedDict[tuple[str, int, int], bytes] = (
             collections.OrderedDict())
-        self._footers: collections.OrderedDict[str, StreamFooter] = collections.OrderedDict()
+        # A reader per stream object (its footer and the lookups drawn from it), kept for
+        # FOOTER_CACHE_ENTRIES objects; each read gets a fresh copy (StreamObjectReader.fresh).
+        self._readers: collections.OrderedDict[str, StreamObjectReader] = (
+            collections.OrderedDict())
         self._loading: dict[tuple[str, int, int], _BlockLoad] = {}
         # The index rows of each partition's last cold read, from the first it read on
         # (read_cold): a reader walking through history asks PostgreSQL once per
@@ -722,21 +724,20 @@ class ReadCaches:
         """The reader of a stream object's row: its footer from the cache, or one ranged GET
         of the bytes after the row's data (the footer); the batches then come in the
         reader's blocks through the block cache."""
-        footer = self._footers.get(row.object_key)
-        if footer is None:
-            tail = await self.objects.get(row.object_key, row.byte_end)
-            footer = decode_footer(tail, row.byte_end)
-            self._footers[row.object_key] = footer
-            while len(self._footers) > FOOTER_CACHE_ENTRIES:
-                self._footers.popitem(last=False)
-        else:
-            self._footers.move_to_end(row.object_key)
         key = row.object_key
+        reader = self._readers.get(key)
+        if reader is None:
+            footer = decode_footer(await self.objects.get(key, row.byte_end), row.byte_end)
 
-        async def block(start: int, end: int) -> bytes:
-            return await self.get_block(key, start, end)
+            async def block(start: int, end: int) -> bytes:
+                return await self.get_block(key, start, end)
 
-        return StreamObjectReader(footer, block, STREAM_BLOCK_BYTES)
+            reader = self._readers[key] = StreamObjectReader(footer, block, STREAM_BLOCK_BYTES)
+            while len(self._readers) > FOOTER_CACHE_ENTRIES:
+                self._readers.popitem(last=False)
+        else:
+            self._readers.move_to_end(key)
+        return reader.fresh()
 
     # -- read-ahead of stream objects -------------------------------------------------------
 

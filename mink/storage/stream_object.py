@@ -7,8 +7,9 @@ footer that indexes them.
 
 The index row of a stream object (`batch_index`) covers the whole object's offsets with
 byte_start = 0 and byte_end = data_length, so a reader finds the footer with one ranged GET
-from byte_end to the end of the object, and the batches it needs with block-aligned ranged
-GETs after that (blocks shared through the node's block cache by readers of any size).
+from byte_end to the end of the object, and the batches it needs with ranged GETs of whole
+blocks after that (each from a batch start, about a block size long: StreamObjectReader;
+shared through the node's block cache by readers of any size).
 
 The footer's index is sparse, one entry at least every `index_interval` bytes at a batch
 boundary: it is Kafka's offset index (`.index`: offset -> position) and time index
@@ -23,6 +24,7 @@ reader, which is handed its ranged-GET function.
 from __future__ import annotations
 
 import bisect
+import copy
 import struct
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -243,6 +245,13 @@ class StreamObjectReader:
         self._block_ends = [*starts[1:], footer.data_length]
         # (first, last) block numbers the reads of this reader asked for (read-ahead).
         self.blocks_read: tuple[int, int] | None = None
+
+    def fresh(self) -> StreamObjectReader:
+        """A reader of the same object sharing this one's lookups (drawn from the footer
+        once), with no reads of its own yet (`blocks_read`)."""
+        other = copy.copy(self)
+        other.blocks_read = None
+        return other
 
     @property
     def blocks(self) -> int:
