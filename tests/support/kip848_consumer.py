@@ -4,6 +4,8 @@ consumed, then synchronously committed; a commit that failed); SIGTERM closes it
 not. Arguments: bootstrap group topic [extra librdkafka settings as key=value]."""
 
 import json
+import logging
+import os
 import signal
 import sys
 import time
@@ -30,6 +32,13 @@ def emit(**event):
 conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
         "enable.auto.commit": False, "auto.offset.reset": "earliest"}
 conf.update(item.split("=", 1) for item in extra)
+if os.environ.get("KIP848_DEBUG_LOG"):  # librdkafka's group debug log, for a failing test
+    debug_log = logging.getLogger("librdkafka")
+    handler = logging.FileHandler(os.environ["KIP848_DEBUG_LOG"])
+    handler.setFormatter(logging.Formatter("%(created).3f %(message)s"))
+    debug_log.addHandler(handler)
+    debug_log.setLevel(logging.DEBUG)
+    conf.update({"debug": "cgrp,topic", "logger": debug_log})
 consumer = Consumer(conf)
 consumer.subscribe(
     [topic],  # a regular expression when it starts with ^
