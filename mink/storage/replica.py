@@ -4,8 +4,8 @@ Fetches from (issue 25, "fetch through any node").
 Committed data is all in the object store and described by index rows in PostgreSQL, so a
 node that does not lead a partition can read it as the leader reads what left its tail
 cache: `PartitionLog.read` with an empty tail, through `ReadCaches.read_cold` (the node's
-block, footer and stream-row caches, bounded in bytes). The bytes are those of the WAL and
-stream objects, the very batches the leader returns.
+block cache, stream object readers and kept index rows, all bounded). The bytes are those
+of the WAL and stream objects, the very batches the leader returns.
 
 The committed end (high watermark) and log start are the leader's committed ones as
 PostgreSQL has them (`partitions.committed_end`, `log_start_offset`): they are only as fresh
