@@ -136,7 +136,8 @@ class KafkaBenchConfig:
     stall_ms: float = 0.0  # log the node's task steps this long or longer (0: off)
 
 
-SCENARIOS = ("baseline", "throughput", "latency", "e2e", "catchup", "s3", "scale", "cluster")
+SCENARIOS = ("baseline", "throughput", "latency", "e2e", "catchup", "s3", "s3-catchup", "scale",
+             "cluster")
 
 TARGETS = {
     "produce_mb_s": 150.0,  # 1 KiB, acks=all, file://
@@ -545,7 +546,7 @@ class Bench:
         self.postgres.start()
         pid_file = self.postgres.data_dir / "postmaster.pid"
         self.pg_pid = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
-        if "s3" in self.cfg.scenarios or "baseline" in self.cfg.scenarios:
+        if {"s3", "s3-catchup", "baseline"} & set(self.cfg.scenarios):
             self.moto.start()
             client = _boto3_client(self.moto.endpoint)
             client.create_bucket(Bucket=BUCKET)
@@ -897,7 +898,7 @@ def run_catchup(bench: Bench, node: Node, store: str) -> None:
     print(f" {written['acked']} messages at {written['mb_per_s']:.0f} MB/s", flush=True)
     tiered_s = wait_tiered(node, topic) if cfg.catchup_tiered else None
     variants = [("node restarted", False)]
-    if cfg.drop_page_cache:
+    if cfg.drop_page_cache and store == "file":
         variants.append(("node restarted, OS page cache dropped", True))
     for label, drop in variants:
         node.stop()
@@ -978,7 +979,10 @@ def run_single_node_store(bench: Bench, store_name: str) -> None:
                     bench, node, store_name, cfg.s3_throughput_partitions)),
                 (f"latency-{store_name}", lambda: run_latency(
                     bench, node, store_name, cfg.s3_latency_rate_mb_s)),
-            ]
+            ] if "s3" in cfg.scenarios else []
+            if "s3-catchup" in cfg.scenarios:
+                steps.append((f"catchup-{store_name}",
+                              lambda: run_catchup(bench, node, store_name)))
         for name, step in steps:
             try:
                 if node.proc is None or node.proc.poll() is not None:
@@ -1302,7 +1306,7 @@ def run(bench: Bench) -> None:
                 bench.record_error(f"baseline/{name}", exc)
     if any(s in cfg.scenarios for s in ("throughput", "latency", "e2e", "catchup")):
         run_single_node_store(bench, "file")
-    if "s3" in cfg.scenarios:
+    if "s3" in cfg.scenarios or "s3-catchup" in cfg.scenarios:
         for name in cfg.s3_stores:
             run_single_node_store(bench, name)
     if "scale" in cfg.scenarios:
