@@ -792,6 +792,50 @@ async def test_a_cold_reader_of_wal_rows_asks_the_index_once_per_lookup_and_read
     assert lookups == [rows[-1].last_offset + 1], "asked from where the cached rows end"
 
 
+async def test_a_reader_whose_kept_wal_rows_are_tiered_and_collected_reads_on(
+        metadata, nursery):
+    """A reader part way through WAL rows it keeps (not asking the index again): tiering
+    swaps them for a stream object and collection deletes the WAL objects. Its next read
+    finds an object gone, forgets the rows, asks the index and reads on from the stream
+    object: every record once, as written, never garbage."""
+    objects, topic, streams, log, epoch, plan = await one_partition_plan(
+        metadata, nursery, 40, 100 << 20)
+    expected = await read_all(log)
+    lookups: list[int] = []
+
+    class CountingMetadata:
+        async def find_batches(self, topic_id, partition, from_offset, max_rows=100):
+            lookups.append(from_offset)
+            return await metadata.find_batches(topic_id, partition, from_offset, max_rows)
+
+        def __getattr__(self, name):
+            return getattr(metadata, name)
+
+    cold = Streams(1, streams.node_epoch, objects, CountingMetadata())
+    reader = _reader(cold, topic.topic_id, 0, await metadata.stream_state(topic.topic_id, 0))
+    got, offset = [], 0
+    for _ in range(5):
+        values = [v for v in values_of(await reader.read(offset, 4000)) if v[0] >= offset]
+        got += values
+        offset = values[-1][0] + 1
+    assert len(lookups) == 1, "the first read's rows serve the next ones"
+    kept = cold.caches._cold_rows[reader.key]
+    assert kept and not any(is_stream_object(r.object_key) for r in kept)
+
+    await tiering.write_stream_object(metadata, objects, epoch, plan)
+    await delete_everything_due(metadata, objects)
+    assert not [k for k in await objects.list("wal/")], "the WAL objects are gone"
+    cold.caches._blocks.clear()  # (blocks already read would still serve the same bytes)
+    cold.caches.block_used = 0
+    while offset < log.high_watermark:
+        values = [v for v in values_of(await reader.read(offset, 4000)) if v[0] >= offset]
+        got += values
+        offset = values[-1][0] + 1
+    assert got == expected
+    assert len(lookups) == 2, "asked the index once more, when the kept rows' object was gone"
+    assert all(is_stream_object(r.object_key) for r in cold.caches._cold_rows[reader.key])
+
+
 async def test_read_ahead_pauses_while_what_it_read_waits_unclaimed():
     """Blocks read ahead that no reader has asked for yet count against a quarter of the
     block cache: past it, read-ahead pauses (a consumer of many partitions would have its
