@@ -104,9 +104,11 @@ class ConsumerProcess:
             return ""
         kinds = ("OFFSETFETCH", "SRVPEND", "REMOVE", "ASSIGNMENT", "GRPASSIGNMENT",
                  "COOPASSIGN")
-        wanted = [line for line in self.debug_log.read_text(errors="replace").splitlines()
-                  if line.split(" ", 2)[1:2] and line.split(" ", 2)[1] in kinds
-                  or "offset reset" in line]
+        wanted = []
+        for line in self.debug_log.read_text(errors="replace").splitlines():
+            fields = line.split(" ", 2)  # time, facility, message
+            if len(fields) > 1 and fields[1] in kinds or "offset reset" in line:
+                wanted.append(line)
         return "\n".join(wanted[-lines:])
 
 

@@ -977,8 +977,8 @@ async def test_sequential_readers_get_blocks_read_ahead_shared_and_bounded(
     (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
     key = await tiering.write_stream_object(metadata, objects, epoch, plan, index_interval=4096)
     (row,) = await index_rows(metadata, topic, 0)
-    bounds = {r.block_range(n) for r in [await log_module.ReadCaches(
-        metadata, objects).stream_reader(row)] for n in range(r.blocks)}
+    blocks_of = await log_module.ReadCaches(metadata, objects).stream_reader(row)
+    bounds = {blocks_of.block_range(n) for n in range(blocks_of.blocks)}
     blocks = len(bounds)
     assert blocks > 8
     expected = await read_all(log)

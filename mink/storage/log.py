@@ -639,8 +639,12 @@ class ReadCaches:
             i += 1
         if i == len(rows) or rows[i].base_offset > offset:
             return None
-        self._keep_rows(key, rows[i:])
-        return rows[i:]
+        if i:
+            rows = rows[i:]
+            self._keep_rows(key, rows)
+        else:
+            self._cold_rows.move_to_end(key)
+        return rows
 
     def _keep_rows(self, key: tuple[uuid.UUID, int], rows: list) -> None:
         """Committed index rows never change: tiering, compaction and retention replace or
@@ -671,15 +675,8 @@ class ReadCaches:
                 break  # (a stream object's reader reads ahead itself: read_ahead)
             ahead += row.byte_end - row.byte_start
             for start, end in _wal_row_blocks(row):
-                block_key = (row.object_key, start, end)
-                if block_key in self._blocks or block_key in self._loading:
-                    continue
-                if not self._reading_ahead():
+                if not self._read_ahead_soon(row.object_key, start, end):
                     return
-                self.read_ahead_in_flight += 1
-                self.read_ahead_gets += 1
-                self._read_ahead_nursery.start_soon(self._read_ahead_block, row.object_key,
-                                                    start, end)
 
     async def wal_row_bytes(self, row) -> bytes | memoryview:
         """A WAL row's batches: a row of half a block or more as itself, a smaller one from
@@ -766,21 +763,28 @@ class ReadCaches:
         self._last_block.move_to_end(key)
         while len(self._last_block) > FOOTER_CACHE_ENTRIES:
             self._last_block.popitem(last=False)
-        nursery = self._read_ahead_nursery
         sequential = (first == 0 if previous is None
                       else first <= previous + 1 and last >= previous)
-        if nursery is None or not sequential:
+        if not sequential:
             return
-        for n in range(last + 1, last + 1 + READ_AHEAD_BLOCKS):
-            if n >= reader.blocks or not self._reading_ahead():
-                break
-            start, end = reader.block_range(n)
-            block_key = (key, start, end)
-            if block_key in self._blocks or block_key in self._loading:
-                continue
-            self.read_ahead_in_flight += 1
-            self.read_ahead_gets += 1
-            nursery.start_soon(self._read_ahead_block, key, start, end)
+        for n in range(last + 1, min(last + 1 + READ_AHEAD_BLOCKS, reader.blocks)):
+            if not self._read_ahead_soon(key, *reader.block_range(n)):
+                return
+
+    def _read_ahead_soon(self, key: str, start: int, end: int) -> bool:
+        """Start a background GET of a block not cached nor being read; False when
+        read-ahead may not start one now (no nursery, READ_AHEAD_GETS in flight, or a
+        quarter of the block cache unclaimed)."""
+        block_key = (key, start, end)
+        if block_key in self._blocks or block_key in self._loading:
+            return True
+        if (self._read_ahead_nursery is None or self.read_ahead_in_flight >= READ_AHEAD_GETS
+                or self.unclaimed_bytes >= self.block_budget // 4):
+            return False
+        self.read_ahead_in_flight += 1
+        self.read_ahead_gets += 1
+        self._read_ahead_nursery.start_soon(self._read_ahead_block, key, start, end)
+        return True
 
     async def _read_ahead_block(self, key: str, start: int, end: int) -> None:
         try:
@@ -843,9 +847,3 @@ class ReadCaches:
         size = self._unclaimed.pop(block_key, None)
         if size is not None:
             self.unclaimed_bytes -= size
-
-    def _reading_ahead(self) -> bool:
-        """Whether another read-ahead GET may start now."""
-        return (self._read_ahead_nursery is not None
-                and self.read_ahead_in_flight < READ_AHEAD_GETS
-                and self.unclaimed_bytes < self.block_budget // 4)
