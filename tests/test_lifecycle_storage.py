@@ -375,3 +375,37 @@ async def test_settling_lists_only_after_what_the_writer_and_earlier_restarts_re
     rows = await metadata.fetch_all(lifecycle.READ, "SELECT node_epoch, complete FROM wal_settled "
                                "WHERE node_id = 1 ORDER BY node_epoch")
     assert rows == [(third - 1, True)], "one row per node stays"
+
+
+async def test_deleting_more_index_rows_than_postgresql_has_locks_releases_every_object(
+        metadata):
+    """One statement that deletes the rows of tens of thousands of objects (a topic deleted
+    with a long history still in WAL objects; a tiering swap of a round's 20,000 rows)
+    takes a bounded number of locks. PostgreSQL's lock table holds about
+    max_locks_per_transaction x max_connections locks (6,400 by default): with a lock per
+    object released, such a deletion ran out of shared memory, every time it was tried."""
+    topic = await make_topic(metadata, 1)
+    rows = 60_000
+    await metadata.fetch_all(lifecycle.IDEMPOTENT, """
+        WITH objects AS (
+            INSERT INTO wal_objects (key, committed, outcome)
+            SELECT 'wal/many-' || g, true, '{}'::jsonb FROM generate_series(1, %(n)s) AS g
+            RETURNING key
+        ), rows AS (
+            INSERT INTO batch_index (topic_id, partition, base_offset, last_offset,
+                                     object_key, byte_start, byte_end, max_timestamp,
+                                     batch_count, running_max_timestamp)
+            SELECT %(topic)s, 0, g - 1, g - 1, 'wal/many-' || g, 0, 100, 0, 1, 0
+              FROM generate_series(1, %(n)s) AS g
+            RETURNING 1
+        )
+        UPDATE partitions SET committed_end = %(n)s
+         WHERE topic_id = %(topic)s AND partition = 0
+        RETURNING (SELECT count(*) FROM objects), (SELECT count(*) FROM rows)""",
+        {"n": rows, "topic": topic.topic_id})
+    await metadata.delete_topic("t")
+    released = await metadata.fetch_all(lifecycle.IDEMPOTENT, """
+        SELECT count(*), count(*) FILTER (WHERE w.gc_queued_at IS NOT NULL)
+          FROM unreferenced_objects AS u LEFT JOIN wal_objects AS w USING (key)
+         WHERE u.key LIKE 'wal/many-%%'""")
+    assert released == [(rows, rows)]
