@@ -389,10 +389,65 @@ async def test_a_swap_refuses_rows_that_changed_and_a_repeat_is_done(metadata, n
     (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 10 << 20)
     assert plan.base_offset == 2
     key = await tiering.write_stream_object(metadata, objects, epoch, plan)
-    row = await metadata.fetch_one(READ, tiering.SQL_SWAP, (
-        epoch, None, None, key, topic.topic_id, 0, plan.base_offset, plan.last_offset, 1, "[]"))
+    row = await metadata.fetch_one(READ, tiering.SQL_SWAP, tiering.swap_arguments(
+        epoch, None, None, key, plan, 1))
     assert row == ("swapped",)
     assert key not in await lifecycle.due_deletions(metadata, 100)
+
+
+async def test_the_swaps_array_literals_read_back_as_given(metadata):
+    """The swap's arrays are built as PostgreSQL literals (not by psycopg, a value at a time
+    in Python): keys with quotes, backslashes, commas, braces read back as they were."""
+    keys = ["wal/1-2-3", 'a"b', "c\\d", "e,f", "{g}", " h ", "NULL", "", "\u00e9"]
+    numbers = [0, -1, 2**63 - 1]
+    row = await metadata.fetch_one(READ, "SELECT %s::text[], %s::bigint[], %s::text[]", (
+        tiering._text_array(keys), tiering._int_array(numbers), tiering._text_array([])))
+    assert row == (keys, numbers, [])
+
+
+async def test_a_swap_replaces_exactly_the_rows_it_was_given(metadata, nursery):
+    """The swap's rows come as arrays (sql/0029): rows that are not contiguous from the
+    plan's first offset to its last, or whose bytes do not add up to the object's, are
+    refused as invalid_rows; rows that differ from the index in any column, as many as
+    there, are refused as index_changed. Nothing changes for either, and the rows as they
+    are in the index swap."""
+    objects, topic, streams, log, epoch, plan = await one_partition_plan(
+        metadata, nursery, 8, 10 << 20)
+    assert len(plan.rows) >= 4
+    before = await index_rows(metadata, topic, 0)
+    length = sum(r.byte_end - r.byte_start for r in plan.rows)
+    first, second = plan.rows[0], plan.rows[1]
+    wrong = {
+        "invalid_rows": [
+            plan.rows[1:],  # does not start at the plan's first offset
+            plan.rows[:1] + plan.rows[2:],  # a gap
+            plan.rows[:-1],  # ends short of the plan's last offset
+            [first, dataclasses.replace(second, byte_end=second.byte_end + 1)]
+            + plan.rows[2:],  # the bytes do not add up
+        ],
+        "index_changed": [
+            [dataclasses.replace(first, object_key="wal/x")] + plan.rows[1:],
+            # the same bytes in all, split differently between two rows
+            [dataclasses.replace(first, byte_end=first.byte_end + 1),
+             dataclasses.replace(second, byte_start=second.byte_start + 1)] + plan.rows[2:],
+        ],
+    }
+    for reason, row_lists in wrong.items():
+        for n, rows in enumerate(row_lists):
+            key = f"stream/refused-{reason}-{n}"
+            await metadata.fetch_one(tiering.IDEMPOTENT, tiering.SQL_BEGIN, (
+                epoch, None, None, key, topic.topic_id, 0, plan.base_offset,
+                plan.last_offset))
+            arguments = tiering.swap_arguments(epoch, None, None, key, plan, length)
+            given = tiering.swap_arguments(epoch, None, None, key,
+                                           dataclasses.replace(plan, rows=rows), length)
+            row = await metadata.fetch_one(tiering.IDEMPOTENT, tiering.SQL_SWAP,
+                                           arguments[:9] + given[9:])
+            assert row == (reason,), (reason, n)
+            assert key in await lifecycle.due_deletions(metadata, 100)
+    assert await index_rows(metadata, topic, 0) == before
+    key = await tiering.write_stream_object(metadata, objects, epoch, plan)
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
 
 
 async def test_a_swap_locks_its_rows_not_the_partition(metadata, nursery, pg_url):
@@ -400,8 +455,6 @@ async def test_a_swap_locks_its_rows_not_the_partition(metadata, nursery, pg_url
     commit of the object's partitions takes (0011 held it from its index check to its
     commit, holding up the node's commits). A DeleteRecords of those rows meanwhile waits
     for the swap and finds them gone: the index ends consistent, the records the same."""
-    import json
-
     import psycopg
 
     from mink.storage.stream_object import StreamObjectWriter, stream_object_key
@@ -416,15 +469,12 @@ async def test_a_swap_locks_its_rows_not_the_partition(metadata, nursery, pg_url
     for row in plan.rows:
         writer.add(await objects.get(row.object_key, row.byte_start, row.byte_end))
     await objects.create(key, writer.finish())
-    rows = json.dumps([{"base_offset": r.base_offset, "last_offset": r.last_offset,
-                        "object_key": r.object_key, "byte_start": r.byte_start,
-                        "byte_end": r.byte_end} for r in plan.rows])
     swap = await trio.to_thread.run_sync(psycopg.connect, pg_url)
     probe = await trio.to_thread.run_sync(lambda: psycopg.connect(pg_url, autocommit=True))
     try:
-        swapped = await trio.to_thread.run_sync(lambda: swap.execute(tiering.SQL_SWAP, (
-            epoch, None, None, key, topic.topic_id, 0, plan.base_offset, plan.last_offset,
-            writer.data_length, rows)).fetchone())
+        swapped = await trio.to_thread.run_sync(lambda: swap.execute(
+            tiering.SQL_SWAP, tiering.swap_arguments(epoch, None, None, key, plan,
+                                                     writer.data_length)).fetchone())
         assert swapped == ("swapped",)  # and its transaction still open
 
         def partition_row_is_free() -> bool:
