@@ -741,6 +741,38 @@ async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_p
     assert await store.get("stream/3") == whole
 
 
+async def test_file_compose_reads_small_objects_through_the_page_cache(tmp_path, monkeypatch):
+    """A direct compose reads a range of an object written through the page cache (smaller
+    than DIRECT_WRITE_ABOVE: a WAL object of a few flushes' data, which tiering copies within
+    a minute, still cached) through the page cache, and one written directly with O_DIRECT:
+    reading the cached ones around the cache was a device read for each of a stream
+    object's hundreds of ranges, queued with the WAL's own writes."""
+    import fcntl
+
+    from mink.storage.objectstore import file as file_store
+
+    _skip_without_o_direct(tmp_path)
+    store = FileObjectStore(str(tmp_path), direct=True)
+    small, large = os.urandom(file_store.DIRECT_WRITE_ABOVE - 1), os.urandom(3 << 20)
+    await store.create("wal/small", small)
+    await store.create("wal/large", large)
+    read_direct: dict[int, set[bool]] = {}
+    preadv = os.preadv
+
+    def recording(fd, buffers, offset, *args):
+        size = os.fstat(fd).st_size
+        read_direct.setdefault(size, set()).add(
+            bool(fcntl.fcntl(fd, fcntl.F_GETFL) & file_store._O_DIRECT))
+        return preadv(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(os, "preadv", recording)
+    await store.compose("stream/1", [ObjectRange("wal/small", 3, len(small)),
+                                     ObjectRange("wal/large", 5, len(large))])
+    assert read_direct == {len(small): {False}, len(large): {True}}
+    monkeypatch.undo()
+    assert await store.get("stream/1") == small[3:] + large[5:]
+
+
 async def test_file_scan_reads_objects_into_a_buffer_in_a_worker_thread(tmp_path):
     """scan (tiering's batch-header walk on file://): fn gets a reader that fills a buffer
     from any object at any position, short only at the object's end, in a worker thread;

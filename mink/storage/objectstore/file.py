@@ -240,7 +240,7 @@ class FileObjectStore:
                 key, path, start, end = part
                 src = sources.get(path)
                 if src is None:
-                    src = sources[path] = _open_object(key, path, direct)
+                    src = sources[path] = _open_source(key, path, direct)
                 if out.copy(src, start, end) != end - start:
                     raise ObjectStoreError(f"compose: {key!r} ends before byte {end}")
             out.finish()
@@ -551,6 +551,18 @@ def _open_object(key: str, path: str, direct: bool = False) -> int:
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         os.close(fd)
         raise ObjectNotFound(key)
+    return fd
+
+
+def _open_source(key: str, path: str, direct: bool) -> int:
+    """A descriptor of an object compose copies from: O_DIRECT (with a direct output) only
+    if it was written so (DIRECT_WRITE_ABOVE or more). A smaller one went through the page
+    cache, where it most likely still is (tiering copies WAL objects of the last minute):
+    read around it, each of a stream object's hundreds of ranges was a read of the device,
+    queued with the WAL's own writes and syncs."""
+    fd = _open_object(key, path)
+    if direct and os.fstat(fd).st_size >= DIRECT_WRITE_ABOVE:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
     return fd
 
 
