@@ -1,6 +1,6 @@
 """Tiering (seed 000's tiering worker), the storage side: committed WAL data of a partition is
 rewritten into stream objects (`mink/storage/stream_object.py`) and the index rows they cover
-are swapped for one row each (`mink_swap_stream_object_rows`, sql/0029: the swap of
+are swapped for one row each (`mink_swap_stream_object_rows`, sql/0030: the swap of
 sql/0011_tiering.sql behind 0014's fences).
 
 One stream object is one job, every step fenced by the coordinator lease epoch the round
