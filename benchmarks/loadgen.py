@@ -71,6 +71,16 @@ def latency_summary(ns_values: list[int], cdf: bool = True) -> dict[str, Any]:
     return out
 
 
+def p99_by_second(ns_values: list[int], sent_ns: list[int], start_ns: int) -> list[float]:
+    """The p99 (ms) of the durations of what was sent in each second from `start_ns`: a tail
+    made of a few bad seconds (a periodic burst of other work) looks different here from
+    one spread over all of them."""
+    seconds: dict[int, list[int]] = {}
+    for value, sent in zip(ns_values, sent_ns, strict=True):
+        seconds.setdefault(max(0, (sent - start_ns) // 1_000_000_000), []).append(value)
+    return [round(nearest_rank(sorted(v), 99) / 1e6, 2) for _, v in sorted(seconds.items())]
+
+
 def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -209,6 +219,7 @@ def paced(params: dict) -> dict:
     interval_ns = size / rate * 1e9
     stamp = params.get("stamp", False)
     latencies: list[int] = []
+    sent_at: list[int] = []  # each latency's produce() time, for the p99 of each second
     stats = {"errors": Counter(), "last_ack": 0}
 
     def on_delivery(err, msg, _now=time.monotonic_ns, _unpack=STAMP.unpack):
@@ -216,12 +227,15 @@ def paced(params: dict) -> dict:
         if err is not None:
             stats["errors"][err.name()] += 1
             return
-        latencies.append(now - _unpack(msg.key())[0])
+        t = _unpack(msg.key())[0]
+        latencies.append(now - t)
+        sent_at.append(t)
         stats["last_ack"] = now
 
     producer = _producer(params, on_delivery)
     _warm_up(producer, params, topic, partitions, size)
     latencies.clear()
+    sent_at.clear()
     values = _values(size)
     tails = [v[8:] for v in values]
     n_values, n_parts = len(values), len(partitions)
@@ -271,6 +285,7 @@ def paced(params: dict) -> dict:
         "sent_mb_per_s": round(sent * size / MB / ((send_end - start) / 1e9), 2),
         "achieved_mb_per_s": round(acked * size / MB / ((max(stats["last_ack"], send_end) - start) / 1e9), 2),
         "latency": latency_summary(latencies),
+        "p99_ms_by_second": p99_by_second(latencies, sent_at, start),
         "schedule_lag": latency_summary(lags, cdf=False),
         "window": [start / 1e9, finished / 1e9],
         "client_cpu_pct": round(100 * cpu / ((finished - start) / 1e9), 1),
