@@ -406,12 +406,12 @@ async def test_the_swaps_array_literals_read_back_as_given(metadata):
 
 
 async def test_a_swap_replaces_exactly_the_rows_it_was_given(metadata, nursery):
-    """The swap's rows come as arrays (sql/0029): rows that are not contiguous from the
+    """The swap's rows come as arrays (sql/0030): rows that are not contiguous from the
     plan's first offset to its last, or whose bytes do not add up to the object's, are
     refused as invalid_rows; rows that differ from the index in any column, as many as
     there, are refused as index_changed. Nothing changes for either, and the rows as they
     are in the index swap."""
-    objects, topic, streams, log, epoch, plan = await one_partition_plan(
+    objects, topic, _streams, _log, epoch, plan = await one_partition_plan(
         metadata, nursery, 8, 10 << 20)
     assert len(plan.rows) >= 4
     before = await index_rows(metadata, topic, 0)
