@@ -129,8 +129,10 @@ NOT_LEADER, REQUEST_TIMED_OUT = 6, 7
 async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline(
         pg_url, pg_proxy, store_url, nursery):
     """Every handler checks the validity deadline (last renewal sent + lease_ttl - margin)
-    without awaiting: the first refused Produce comes no later than lease_ttl - margin +
-    100 ms after the stall, however long the membership loop's PostgreSQL calls hang."""
+    without awaiting: every Produce sent from lease_ttl - margin + 100 ms after the stall is
+    refused, however long the membership loop's PostgreSQL calls hang. (Timed by when each
+    was sent, not when its answer came: a loaded machine may answer late, which is no act
+    past the deadline; a request the node accepted and let time out would be.)"""
     from mink.protocol.records import Record, build_batch
     from tests.support.nodes import node_config, start_node
     from tests.support.raw import produce_request, produce_result
@@ -146,19 +148,22 @@ async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline
             await trio.sleep(0.05)
     pg_proxy.stall()
     stalled_at = trio.current_time()
+    bound = stalled_at + ttl - margin + 0.1
     try:
-        refused_at = None
+        answers = []  # (sent, error)
         with trio.fail_after(30):
-            while refused_at is None:
+            while not [e for sent, e in answers if sent >= bound + 0.5]:
+                sent = trio.current_time()
                 error, _ = produce_result(await client.call(
                     0, 9, produce_request("fence", 0, records, timeout_s=0.02)))
                 assert error in (0, NOT_LEADER, REQUEST_TIMED_OUT), error
-                if error == NOT_LEADER:
-                    refused_at = trio.current_time()
-        after = refused_at - stalled_at
-        print(f"first refused Produce {after:.3f}s after the stall "
+                answers.append((sent, error))
+        refused = [sent for sent, error in answers if error == NOT_LEADER]
+        print(f"first refused Produce sent {refused[0] - stalled_at:.3f}s after the stall "
               f"(bound {ttl - margin + 0.1:.1f}s)")
-        assert after <= ttl - margin + 0.1, f"self-fenced {after:.2f}s after the stall"
+        late = [(round(sent - stalled_at, 3), error) for sent, error in answers
+                if sent >= bound and error != NOT_LEADER]
+        assert not late, f"acted past the validity deadline: {late}"
     finally:
         pg_proxy.resume()
         await client.aclose()

@@ -36,5 +36,11 @@ async def one_address_cluster(postgres, **settings):
             first.config = _replace(first.config, listeners=(
                 f"INTERNAL://127.0.0.1:0,CLIENT://127.0.0.1:{client_port}"))
             await first.start()
+            # every view has node 1 back before a test places a topic: one created before
+            # had all its partitions on nodes 2 and 3
+            with trio.fail_after(30):
+                while any({1, 2, 3} - set(n.node.view.assignable or n.node.view.brokers)
+                          for n in cluster.running_nodes()):
+                    await trio.sleep(0.05)
             yield cluster, f"{host}:{port}"
         nursery.cancel_scope.cancel()
