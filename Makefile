@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 
 .PHONY: run test bench chaos clean
 
-$(BIN)/mink: pyproject.toml setup.py mink/protocol/_record_walk.pyx
+$(BIN)/mink: pyproject.toml setup.py mink/protocol/_record_walk.pyx \
+		mink/storage/objectstore/_direct_read.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

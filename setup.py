@@ -1,6 +1,9 @@
-"""Builds the optional compiled record walk (mink/protocol/_record_walk.pyx); everything else
-is in pyproject.toml. Without Cython or a C compiler the build still succeeds and Mink uses
-the pure-Python walk (mink/protocol/record_walk.py), which gives the same results, slower."""
+"""Builds the optional compiled helpers; everything else is in pyproject.toml. Without Cython or
+a C compiler the build still succeeds and Mink uses their pure-Python fallbacks:
+- mink/protocol/_record_walk.pyx, the record walk (mink/protocol/record_walk.py gives the same
+  results, slower);
+- mink/storage/objectstore/_direct_read.pyx, direct reads into pooled memory without a copy
+  (file.py copies out of a reused buffer instead)."""
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -11,22 +14,23 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:  # no compiler: the pure-Python fallback serves
-            print(f"warning: mink's compiled record walk was not built ({exc})")
+            print(f"warning: mink's compiled helpers were not built ({exc})")
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as exc:
-            print(f"warning: mink's compiled record walk was not built ({exc})")
+            print(f"warning: mink's compiled {ext.name} was not built ({exc})")
 
 
 def extensions():
     try:
         from Cython.Build import cythonize
     except ImportError:
-        print("warning: Cython is missing: mink's compiled record walk is not built")
+        print("warning: Cython is missing: mink's compiled helpers are not built")
         return []
-    return cythonize(["mink/protocol/_record_walk.pyx"], quiet=True,
+    return cythonize(["mink/protocol/_record_walk.pyx",
+                      "mink/storage/objectstore/_direct_read.pyx"], quiet=True,
                      compiler_directives={"language_level": 3})
 
 

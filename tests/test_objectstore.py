@@ -921,6 +921,50 @@ async def test_file_objects_are_written_and_read_around_the_page_cache(tmp_path,
     file_store._ALIGNED.give(kept)
 
 
+async def test_file_get_view_reads_into_memory_used_again_once_no_view_is_left(tmp_path):
+    """get_view (the block cache's reads) gives get()'s bytes as a read-only memoryview. A
+    direct read lands in aligned memory of its own, with no copy out of a buffer: the memory
+    goes back to a bounded pool only when the last view of it (a slice included) is gone, and
+    the next read of its size takes it from there. A view kept while others are read into
+    used-again memory keeps its bytes."""
+    from mink.storage.objectstore import _direct_read  # built by `pip install -e .`
+    from mink.storage.objectstore import file as file_store
+
+    _skip_without_o_direct(tmp_path)
+    store = FileObjectStore(str(tmp_path))
+    mib, block = 1024 * 1024, file_store.DIRECT_ALIGN
+    data = os.urandom(5 * mib + 517)
+    await store.create("o", data)
+    for start, end in [(0, None), (1, None), (block - 3, 2 * block + 5), (5, 70_000),
+                       (mib - 7, 2 * mib + 9), (3, 3), (len(data) - 9, len(data) + 100),
+                       (len(data) + 1, None)]:
+        view = await store.get_view("o", start, end)
+        assert isinstance(view, memoryview) and view.readonly
+        assert view == data[start:end] == await store.get("o", start, end)
+    with pytest.raises(TypeError):
+        (await store.get_view("o", 0, mib))[0] = 1
+
+    whole = await store.get_view("o", 5, 5 + mib)
+    kept = whole[100:200]
+    del whole  # the slice keeps the memory: not back in the pool
+    allocations = _direct_read.allocations()
+    for n in range(40):  # each read's memory back in the pool once its view is dropped
+        start = (n * 7919) % (4 * mib)
+        view = await store.get_view("o", start, start + mib)
+        assert view == data[start:start + mib]
+        del view
+    # (two sizes: a MiB from an aligned offset or not; trio may hold the last result a while)
+    assert _direct_read.allocations() - allocations <= 4
+    assert kept == data[105:205]  # its memory was not read into again
+    before = _direct_read.idle_bytes()
+    del kept
+    assert _direct_read.idle_bytes() > before
+    # many views dropped at once: the pool keeps at most its limit
+    views = [await store.get_view("o", n, n + mib) for n in range(48)]
+    del views
+    assert 0 < _direct_read.idle_bytes() <= _direct_read.IDLE_LIMIT
+
+
 async def test_file_store_falls_back_to_the_page_cache_where_o_direct_is_refused(tmp_path,
                                                                                monkeypatch, caplog):
     """A filesystem that refuses O_DIRECT at open (tmpfs) or only at the first write or read

@@ -690,7 +690,7 @@ class ReadCaches:
                 memoryview(block)[start - first:end - first])
         # across a block boundary: the two pieces (together under half a block)
         after = await self.get_block(key, *blocks[1])
-        return block[start - first:] + after[:end - first_end]
+        return b"".join((memoryview(block)[start - first:], memoryview(after)[:end - first_end]))
 
     async def _get_rows(self, rows: list) -> list[Chunk]:
         """The WAL rows' bytes as chunks in their order, COLD_READ_GETS GETs at a time.
@@ -806,7 +806,8 @@ class ReadCaches:
             raise StorageUnavailable(f"reading {row.object_key}: {exc}") from exc
         return b"" if found is None else found[1]
 
-    async def get_block(self, key: str, start: int, end: int, *, ahead: bool = False) -> bytes:
+    async def get_block(self, key: str, start: int, end: int, *,
+                        ahead: bool = False) -> bytes | memoryview:
         """A block through the cache. `ahead`: read ahead, for no reader yet."""
         block_key = (key, start, end)
         while True:
@@ -827,8 +828,10 @@ class ReadCaches:
                 return loading.data
             # the GET failed for its reader: this one tries itself
         loading = self._loading[block_key] = _BlockLoad()
+        # file:// reads a kept block into memory of its own, no copy (get_view)
+        get = getattr(self.objects, "get_view", self.objects.get)
         try:
-            data = loading.data = await self.objects.get(key, start, end)
+            data = loading.data = await get(key, start, end)
         finally:
             del self._loading[block_key]
             loading.done.set()

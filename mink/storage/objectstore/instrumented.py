@@ -53,13 +53,17 @@ class InstrumentedObjectStore:
 
     def __getattr__(self, name: str):
         # Backend extras (delete_many, ...) pass through untimed, except file://'s `compose`
-        # (observed as a create) and `scan` (as one get). A backend without one has no such
+        # (observed as a create), `scan` and `get_view` (each as one get). A backend without one has no such
         # attribute here either, so callers see that it has none.
         extra = getattr(self.store, name)
         if name == "compose":
             async def compose(key: str, parts, **kwargs) -> None:
                 return await self._timed("create", extra(key, parts, **kwargs))
             return compose
+        if name == "get_view":
+            async def get_view(key: str, start: int = 0, end: int | None = None):
+                return await self._timed("get", extra(key, start, end))
+            return get_view
         if name == "scan":
             async def scan(fn):
                 return await self._timed("get", extra(fn))
