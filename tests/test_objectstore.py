@@ -965,6 +965,25 @@ async def test_file_get_view_reads_into_memory_used_again_once_no_view_is_left(t
     assert 0 < _direct_read.idle_bytes() <= _direct_read.IDLE_LIMIT
 
 
+async def test_file_get_view_without_the_compiled_helper_reads_the_same_bytes(tmp_path,
+                                                                             monkeypatch):
+    """Without the compiled helper (no C compiler at install) get_view reads into a reused
+    aligned buffer and copies out once: the same bytes, as a memoryview."""
+    from mink.storage.objectstore import file as file_store
+
+    _skip_without_o_direct(tmp_path)
+    monkeypatch.setattr(file_store, "_read_direct_view", None)
+    store = FileObjectStore(str(tmp_path))
+    mib = 1024 * 1024
+    data = os.urandom(3 * mib + 517)
+    await store.create("o", data)
+    for start, end in [(0, None), (5, 5 + mib), (mib - 7, 3 * mib + 9), (2 * mib, 4 * mib),
+                       (len(data) + 1, None)]:
+        view = await store.get_view("o", start, end)
+        assert isinstance(view, memoryview)
+        assert view == data[start:end]
+
+
 async def test_file_store_falls_back_to_the_page_cache_where_o_direct_is_refused(tmp_path,
                                                                                monkeypatch, caplog):
     """A filesystem that refuses O_DIRECT at open (tmpfs) or only at the first write or read
