@@ -67,7 +67,7 @@ cdef void _give(char* memory, Py_ssize_t size) noexcept:
     cdef list idle
     cdef Py_ssize_t other
     cdef bint freed = True
-    if size > _idle_limit:
+    if size > _idle_limit or _free is None:  # (None: the module torn down at exit)
         free(memory)
         return
     while freed and _idle + size > _idle_limit:
