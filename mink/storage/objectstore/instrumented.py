@@ -53,8 +53,8 @@ class InstrumentedObjectStore:
 
     def __getattr__(self, name: str):
         # Backend extras (delete_many, ...) pass through untimed, except file://'s `compose`
-        # (observed as a create), `scan` and `get_view` (each as one get). A backend without one has no such
-        # attribute here either, so callers see that it has none.
+        # (observed as a create), `scan` and `get_view` (each as one get). A backend
+        # without one has no such attribute here either, so callers see that it has none.
         extra = getattr(self.store, name)
         if name == "compose":
             async def compose(key: str, parts, **kwargs) -> None:
