@@ -487,6 +487,8 @@ class ReadCaches:
                  block_bytes: int = 256 * 1024 * 1024) -> None:
         self.metadata = metadata
         self.objects = objects
+        # a block's read: file:// reads a kept block into memory of its own, no copy
+        self._get_block_bytes = getattr(objects, "get_view", objects.get)
         self.tail_budget = tail_bytes
         self.tail_used = 0
         self._tail_order: collections.deque[tuple[PartitionLog, Chunk]] = collections.deque()
@@ -828,10 +830,8 @@ class ReadCaches:
                 return loading.data
             # the GET failed for its reader: this one tries itself
         loading = self._loading[block_key] = _BlockLoad()
-        # file:// reads a kept block into memory of its own, no copy (get_view)
-        get = getattr(self.objects, "get_view", self.objects.get)
         try:
-            data = loading.data = await get(key, start, end)
+            data = loading.data = await self._get_block_bytes(key, start, end)
         finally:
             del self._loading[block_key]
             loading.done.set()
