@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 import time
+from array import array
 
 import pytest
 import trio
@@ -291,9 +292,11 @@ async def test_file_layout_and_no_leftovers(tmp_path):
 
 
 def _record_syncs(monkeypatch) -> list[int]:
-    """The file store's fdatasyncs from now on, as the size of the file at each."""
+    """The file store's fdatasyncs from now on, as the size of the file at each (a small
+    object's create by Python's calls, which can be watched, not the compiled one's)."""
     from mink.storage.objectstore import file as file_store
 
+    monkeypatch.setattr(file_store, "_create_file", None)
     sizes: list[int] = []
     real_sync = file_store._fdatasync
 
@@ -377,6 +380,9 @@ async def test_file_check_unwritable_folder(tmp_path, monkeypatch):
             return real_open(path, flags, *args, **kwargs)
 
         monkeypatch.setattr(os, "open", refusing_open)
+        # the compiled create's open is the kernel's, which lets root in: the Python one
+        from mink.storage.objectstore import file as file_store
+        monkeypatch.setattr(file_store, "_create_file", None)
     store = open_object_store(f"file://{root}")
     try:
         with pytest.raises(ObjectStoreConfigError, match="cannot write.*make it writable"):
@@ -693,9 +699,22 @@ async def test_faulty_store_stall():
     assert await store.get("k") == b"v"
 
 
+@pytest.fixture(params=["compiled", "python"])
+def range_copy(request, monkeypatch) -> str:
+    """A direct compose's copy of ranges by the compiled helper (built by `pip install -e .`,
+    as the tests' install does) or, where it was not built, in Python."""
+    from mink.storage.objectstore import file as file_store
+
+    if request.param == "compiled":
+        assert file_store._range_copy is not None, "the compiled _range_copy was not built"
+    else:
+        monkeypatch.setattr(file_store, "_range_copy", None)
+    return request.param
+
+
 @pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "direct"])
 async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_path, monkeypatch,
-                                                                           direct):
+                                                                           direct, range_copy):
     """compose (tiering's stream objects on file://): buffers and other objects' ranges back
     to back, create-if-absent. Through the page cache: synced a MiB at a time as a large
     create is, the ranges copied by copy_file_range, or through a buffer where the
@@ -741,7 +760,8 @@ async def test_file_compose_copies_ranges_of_other_objects_between_buffers(tmp_p
     assert await store.get("stream/3") == whole
 
 
-async def test_file_compose_reads_small_objects_through_the_page_cache(tmp_path, monkeypatch):
+async def test_file_compose_reads_small_objects_through_the_page_cache(tmp_path, monkeypatch,
+                                                                     range_copy):
     """A direct compose reads a range of an object written through the page cache (smaller
     than DIRECT_WRITE_ABOVE: a WAL object of a few flushes' data, which tiering copies within
     a minute, still cached) through the page cache, and one written directly with O_DIRECT:
@@ -766,11 +786,17 @@ async def test_file_compose_reads_small_objects_through_the_page_cache(tmp_path,
         return preadv(fd, buffers, offset, *args)
 
     monkeypatch.setattr(os, "preadv", recording)
+    opened = file_store._range_copy.opened() if file_store._range_copy else None
     await store.compose("stream/1", [ObjectRange("wal/small", 3, len(small)),
-                                     ObjectRange("wal/large", 5, len(large))])
-    assert read_direct == {len(small): {False}, len(large): {True}}
+                                     ObjectRange("wal/large", 5, len(large)),
+                                     ObjectRange("wal/small", 0, 3)])
+    if range_copy == "python":
+        assert read_direct == {len(small): {False}, len(large): {True}}
+    else:  # each object opened once: (with O_DIRECT, through the page cache)
+        direct_now, cached_now = file_store._range_copy.opened()
+        assert (direct_now - opened[0], cached_now - opened[1]) == (1, 1)
     monkeypatch.undo()
-    assert await store.get("stream/1") == small[3:] + large[5:]
+    assert await store.get("stream/1") == small[3:] + large[5:] + small[:3]
 
 
 async def test_file_scan_reads_objects_into_a_buffer_in_a_worker_thread(tmp_path):
@@ -803,7 +829,8 @@ async def test_file_scan_reads_objects_into_a_buffer_in_a_worker_thread(tmp_path
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "direct"])
-async def test_file_compose_paces_its_copy_a_step_at_a_time_on_the_event_loop(tmp_path, direct):
+async def test_file_compose_paces_its_copy_a_step_at_a_time_on_the_event_loop(tmp_path, direct,
+                                                                               range_copy):
     """compose's `pace(n)` runs on the event loop after each MiB written, however many
     ranges it took (tiering spreads a stream object's copy over its round with it: one call
     per row was one event-loop round trip per WAL flush); cancelled while it waits, compose
@@ -857,6 +884,125 @@ def _skip_without_o_direct(path) -> None:
         raise
     os.close(fd)
     os.unlink(probe)
+
+
+def test_create_file_makes_an_object_in_one_call(tmp_path):
+    """The compiled create of a small object: the buffers (any number, empty ones too)
+    written to a temporary file that becomes the object only if its name is free; each
+    failure says its stage and errno and leaves no temporary file behind."""
+    from mink.storage.objectstore import _create_file as cf
+
+    def create(name, buffers, sync=True, parent=tmp_path):
+        return cf.create_file(os.fsencode(parent / ".mink-tmp-x"), os.fsencode(parent / name),
+                              os.fsencode(parent), buffers, sync)
+
+    pieces = [os.urandom(n % 7) for n in range(3000)]  # more than one writev's iovecs
+    assert create("a", [memoryview(p) for p in pieces]) == (cf.CREATED, 0)
+    assert (tmp_path / "a").read_bytes() == b"".join(pieces)
+    assert create("empty", [], sync=False) == (cf.CREATED, 0)
+    assert (tmp_path / "empty").read_bytes() == b""
+    assert create("a", [b"other"]) == (cf.LINK, errno.EEXIST)
+    assert (tmp_path / "a").read_bytes() == b"".join(pieces)
+    assert create("b", [b"x"], parent=tmp_path / "missing") == (cf.OPEN, errno.ENOENT)
+    (tmp_path / "dir").mkdir()
+    assert create("dir/", [b"x"])[0] == cf.LINK
+    with pytest.raises(TypeError):
+        create("c", ["not bytes"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "dir", "empty"]
+
+
+async def test_file_create_without_its_folder_makes_it_the_python_way(tmp_path, monkeypatch):
+    """A create whose folder is missing (the WAL's folder of a new node epoch) or below an
+    object: the compiled create's open fails, and the Python one makes the folder, or fails
+    as it always did."""
+    store = FileObjectStore(str(tmp_path))
+    await store.create("wal/7/1", b"first")
+    assert await store.get("wal/7/1") == b"first"
+    with pytest.raises(ObjectStoreError, match="Not a directory"):
+        await store.create("wal/7/1/x", b"below")
+    with pytest.raises(ObjectStoreError, match="objects exist below"):
+        await store.create("wal/7", b"over")
+    with pytest.raises(ObjectExists):
+        await store.create("wal/7/1", b"again")
+
+
+def test_range_copier_copies_ranges_a_step_at_a_time(tmp_path):
+    """The compiled copier of a direct compose: ranges of many objects, each object opened
+    once (with O_DIRECT from a size on), land in the stage back to back; each step returns
+    when the stage was written whole at the next offset, a read's rest carried to the next
+    step, and the last step leaves the tail in the stage. A missing object (or a directory)
+    stops it at that range with NOT_FOUND, an object ending before its range with SHORT, a
+    refused read with OS_ERROR and its errno."""
+    import mmap
+    import random
+
+    from mink.storage.objectstore import _range_copy as rc
+
+    _skip_without_o_direct(tmp_path)
+    rng = random.Random(5)
+    block = 4096
+    datas = [os.urandom(size) for size in (10, block, 3 * block + 7, 70_000, 300_000)]
+    paths = []
+    for n, data in enumerate(datas):
+        (tmp_path / f"o{n}").write_bytes(data)
+        paths.append(os.fsencode(tmp_path / f"o{n}"))
+    ranges = []
+    for _ in range(400):
+        n = rng.randrange(len(datas))
+        start = rng.randrange(len(datas[n]) + 1)
+        ranges.append((n, start, rng.randint(start, min(len(datas[n]), start + 20_000))))
+    ranges.append((4, 0, len(datas[4])))  # one read longer than the window
+    expected = b"".join(datas[n][start:end] for n, start, end in ranges)
+
+    def copier(ranges, window, dst_fd, stage, paths=paths, fill=0, offset=0):
+        return rc.RangeCopier(dst_fd, stage, fill, offset, window, paths,
+                              array("q", [r[0] for r in ranges]),
+                              array("q", [r[1] for r in ranges]),
+                              array("q", [r[2] for r in ranges]), os.O_DIRECT, 70_000)
+
+    window = mmap.mmap(-1, 16 * block)
+    stage = bytearray(3 * block)
+    dst = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(dst, b"h" * 5, 0)  # the stage's first 5 bytes: written by the caller before
+        stage[:5] = b"h" * 5
+        opened = rc.opened()
+        c = copier(ranges, window, dst, stage, fill=5)
+        offsets = []
+        while (status := c.step()) == rc.FLUSHED:
+            offsets.append(c.offset)
+            assert c.fill == 0
+        assert status == rc.DONE
+        assert offsets == [len(stage) * k for k in range(1, len(offsets) + 1)]
+        assert c.offset + c.fill == 5 + len(expected) and c.index == len(ranges)
+        os.pwrite(dst, stage[:c.fill], c.offset)
+        c.close()
+        assert (rc.opened()[0] - opened[0], rc.opened()[1] - opened[1]) == (2, 3)
+        with open(tmp_path / "out", "rb") as f:
+            assert f.read() == b"h" * 5 + expected
+
+        (tmp_path / "dir").mkdir()
+        stops = [([(0, 0, 10), (5, 0, 1)], [*paths, os.fsencode(tmp_path / "missing")],
+                  rc.NOT_FOUND, 1),
+                 ([(1, 0, 5), (5, 0, 0)], [*paths, os.fsencode(tmp_path / "dir")],
+                  rc.NOT_FOUND, 1),
+                 ([(1, 0, 5), (2, 5, len(datas[2]) + 1)], paths, rc.SHORT, 1)]
+        for stop_ranges, stop_paths, status, index in stops:
+            c = copier(stop_ranges, window, dst, bytearray(3 * block), paths=stop_paths)
+            while (got := c.step()) == rc.FLUSHED:
+                pass
+            assert (got, c.index) == (status, index)
+            c.close()
+        misaligned = memoryview(bytearray(16 * block + 1))[1:]  # O_DIRECT refuses it
+        c = copier([(4, 0, 10)], misaligned, dst, bytearray(3 * block))
+        assert (c.step(), c.error) == (rc.OS_ERROR, errno.EINVAL)
+        c.close()
+        with pytest.raises(ValueError):
+            copier([(len(paths), 0, 1)], window, dst, bytearray(3 * block))
+        with pytest.raises(ValueError):
+            copier([(0, 5, 4)], window, dst, bytearray(3 * block))
+    finally:
+        os.close(dst)
 
 
 async def test_file_objects_are_written_and_read_around_the_page_cache(tmp_path, monkeypatch):
@@ -1036,7 +1182,10 @@ async def test_file_store_falls_back_to_the_page_cache_where_o_direct_is_refused
 
     store = FileObjectStore(str(tmp_path))
     with monkeypatch.context() as patched:
-        patched.setattr(os, "preadv", refused)  # compose's direct read of its ranges
+        # compose's direct read of its ranges in Python (the compiled helper's own refusal:
+        # test_range_copier_copies_ranges_a_step_at_a_time)
+        patched.setattr(file_store, "_range_copy", None)
+        patched.setattr(os, "preadv", refused)
         await store.compose("c", [ObjectRange("b", 7, len(data)), b"end"])
     assert not store.direct
     assert await store.get("c") == data[7:] + b"end"
