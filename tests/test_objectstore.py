@@ -911,7 +911,7 @@ def test_create_file_makes_an_object_in_one_call(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "dir", "empty"]
 
 
-async def test_file_create_without_its_folder_makes_it_the_python_way(tmp_path, monkeypatch):
+async def test_file_create_without_its_folder_makes_it_the_python_way(tmp_path):
     """A create whose folder is missing (the WAL's folder of a new node epoch) or below an
     object: the compiled create's open fails, and the Python one makes the folder, or fails
     as it always did."""

@@ -4,17 +4,18 @@ time, with the GIL released for the whole step.
 
 Tiering composes a stream object from thousands of WAL ranges (a 32 MiB object of 4 KiB
 batches: about 8,000, from a couple of thousand WAL objects). Copied in Python, the worker
-thread took the GIL back between each range's few syscalls, beside the event loop that
-serves produce requests and commits the WAL; the leader's commits felt it as 3-4 ms more at
-p99 while a round copied (benchmarks.tiering --mode commit-latency), and the same thread
-writing to tmpfs, or only counting the bytes, kept most of that. Here a step (every range
-up to the next MiB written: opening their objects, reading them, filling the aligned buffer
-and writing it) is one call that holds no GIL; Python runs once per MiB, to pace the copy.
+thread ran Python between each range's few syscalls and took the GIL back after each of
+them, beside the event loop; here a step (every range up to the next MiB written: opening
+their objects, reading them, filling the aligned buffer and writing it) is one call that
+holds no GIL, and Python runs once per MiB, to pace the copy. Such a compose took 31-59 ms
+of CPU against 60-90 (benchmarks.gil_helpers). It did not change what a leader's commits
+feel while a round copies (benchmarks/results/tiering-commit-latency-gil-20261207.md).
 
-RangeCopier(dst, stage, window, paths, which, starts, ends, o_direct, direct_above):
+RangeCopier(dst, stage, fill, offset, window, paths, which, starts, ends, o_direct,
+direct_above):
 - `dst` an output file opened with O_DIRECT, written at `offset` from `stage` (aligned,
-  a whole number of blocks) each time the stage fills; `window` (aligned) the buffer
-  ranges are read into;
+  a whole number of blocks, its first `fill` bytes already taken) each time the stage
+  fills; `window` (aligned) the buffer ranges are read into;
 - range i is bytes [starts[i], ends[i]) of the object at paths[which[i]] (fs-encoded bytes),
   each object opened once, read with O_DIRECT (flag `o_direct`) if it is `direct_above`
   bytes or larger (it was written so), through the page cache otherwise;
