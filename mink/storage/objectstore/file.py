@@ -659,6 +659,8 @@ class _SyncedOutput:
     the end (`step` None: never). Buffers wait to be written by one writev a step at a
     time; a copied range goes after them."""
 
+    direct = False  # written with O_DIRECT (and so copies read with it where they can)
+
     def __init__(self, fd: int, step: int | None,
                  throttle: Callable[[int], None] | None = None) -> None:
         self.fd = fd
@@ -715,7 +717,6 @@ class _SyncedOutput:
 
     def copy_ranges(self, ranges: _Ranges) -> None:
         """The ranges appended, each object opened once (`_open_source`)."""
-        direct = isinstance(self, _DirectOutput)
         sources: dict[int, int] = {}
         try:
             for i, (which, start, end) in enumerate(zip(ranges.which, ranges.starts,
@@ -723,7 +724,7 @@ class _SyncedOutput:
                 src = sources.get(which)
                 if src is None:
                     src = sources[which] = _open_source(ranges.keys[which],
-                                                        ranges.paths[which], direct)
+                                                        ranges.paths[which], self.direct)
                 if self.copy(src, start, end) != end - start:
                     raise ranges.short(i)
         finally:
@@ -782,6 +783,8 @@ class _DirectOutput(_SyncedOutput):
     with O_DIRECT). With `sync`, the object is fdatasynced once, at the end: nothing of it
     waits in the page cache for a writeback that would hold the WAL's fsyncs up in the
     journal. close() gives the buffers back."""
+
+    direct = True
 
     def __init__(self, fd: int, throttle: Callable[[int], None] | None = None, *,
                  sync: bool) -> None:
