@@ -18,6 +18,10 @@ Without MINK_BENCH_* variables this is exactly `python -m mink.cli serve`.
   longer to PATH as `<time.monotonic() at its end> <ms> <task name> <where it stopped>`:
   while one runs, no other request is served. It costs two Python calls per task step, so
   it is off unless asked for (`benchmarks.kafka --stalls`).
+- MINK_BENCH_WAL_LOG=PATH: every WAL upload is appended to PATH as `U <start> <end> <bytes>
+  <ranges>` and every CommitWal call as `C <start> <end> <objects> <bytes>` (time.monotonic();
+  wraps WalWriter._upload and _commit, changes nothing): where a produce's wait goes. Set it in
+  the environment of `benchmarks.kafka`, whose nodes inherit it.
 """
 
 from __future__ import annotations
@@ -110,10 +114,35 @@ def _install_stall_log(path: str, threshold_ms: float) -> None:
     node_module.run_node = run_node
 
 
+def _install_wal_log(path: str) -> None:
+    import time
+
+    from mink.storage import wal
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's lifetime
+    upload, commit = wal.WalWriter._upload, wal.WalWriter._commit
+
+    async def timed_upload(self, obj):
+        started = time.monotonic()
+        await upload(self, obj)
+        out.write(f"U {started:.6f} {time.monotonic():.6f} {obj.size} {len(obj.ranges)}\n")
+
+    async def timed_commit(self, ready):
+        started = time.monotonic()
+        await commit(self, ready)
+        out.write(f"C {started:.6f} {time.monotonic():.6f} {len(ready)} "
+                  f"{sum(obj.size for obj in ready)}\n")
+
+    wal.WalWriter._upload, wal.WalWriter._commit = timed_upload, timed_commit
+
+
 def main() -> int:
     stall_log = os.environ.get("MINK_BENCH_STALL_LOG")
     if stall_log:
         _install_stall_log(stall_log, float(os.environ.get("MINK_BENCH_STALL_MS", "20")))
+    wal_log = os.environ.get("MINK_BENCH_WAL_LOG")
+    if wal_log:
+        _install_wal_log(wal_log)
     gc_log = os.environ.get("MINK_BENCH_GC_LOG")
     if gc_log:
         _install_gc_log(gc_log)

@@ -570,6 +570,17 @@ async def test_commit_wal_producer_states(store):
     gap = rng(t.topic_id, 0, 99, states=[ProducerStateUpdate(9, 0, b"")])
     await store.commit_wal(1, e, [obj(gap)])
     assert [s.producer_id for s in await store.producer_states(t.topic_id, 0)] == [7, 8]
+    # ranges without states (a producer without idempotence) beside one with a state: the
+    # upsert is skipped only when no accepted range has any (sql/0031)
+    [mixed] = await store.commit_wal(1, e, [obj(
+        rng(t.topic_id, 0, 20, states=[ProducerStateUpdate(5, 2, b"late")]),
+        rng(t.topic_id, 1, 10), rng(t.topic_id, 1, 20))])
+    assert mixed.committed and all(r.accepted for r in mixed.ranges)
+    assert [(s.producer_id, s.state) for s in await store.producer_states(t.topic_id, 0)] == [
+        (5, b"late"), (7, b"\xffsecond"), (8, b"x" * 300)]
+    [plain] = await store.commit_wal(1, e, [obj(rng(t.topic_id, 0, 30))])
+    assert plain.committed
+    assert [s.producer_id for s in await store.producer_states(t.topic_id, 0)] == [5, 7, 8]
 
 
 async def test_two_writers_race_exactly_one_wins(store):

@@ -8,6 +8,7 @@ it copies every records field (Produce is decoded by produce_decoding instead).
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from dataclasses import dataclass
@@ -174,7 +175,10 @@ def encode_response(correlation_id: int, body: Any) -> bytes:
     return buffer.getvalue()
 
 
+@functools.cache
 def response_schema(api_key: int, api_version: int) -> type:
+    # kio resolves the class by its dotted name on every call (2.7 us against 0.1 us
+    # cached, once per response); a KioIndexError is not cached: it raises again.
     return load_response_schema(api_key, api_version)
 
 

@@ -1068,9 +1068,10 @@ class MetadataStore:
         Returns one CommitOutcome per object, in order, with one RangeOutcome per range.
         A stale node epoch does not raise: every range of every (new) object is refused with
         reason 'stale_node_epoch' and nothing is written. Otherwise each range is decided on
-        its own (see mink_commit_wal in 0002_operations.sql for the reasons). Keyed by object
-        key: a key decided before returns its first outcome (repeated=True) and changes
-        nothing, so this is safe to call again after OutcomeUnknown.
+        its own (see mink_commit_wal in 0002_operations.sql for the reasons; 0031 redefines
+        it at less CPU). Keyed by object key: a key decided before returns its first outcome
+        (repeated=True) and changes nothing, so this is safe to call again after
+        OutcomeUnknown.
 
         Where the epochs are checked: the node epoch is read without a lock (a
         registration or fence may commit just after the check). That is safe because the
