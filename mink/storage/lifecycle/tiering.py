@@ -53,8 +53,10 @@ log = logging.getLogger(__name__)
 
 # WAL rows read per round (the rest waits for the next round).
 PLAN_ROWS = 20_000
-# Rows per planning query (wal_row_pages).
-PAGE_ROWS = 1_000
+# Rows per planning query (wal_row_pages). psycopg decodes a page in one step of the event
+# loop: 1,000 rows took up to 14 ms, and a leader's commits beside rounds had a p99 about 1 ms
+# higher than with 200 (benchmarks/results/tiering-commit-latency-pages-20261207.md).
+PAGE_ROWS = 200
 _FIRST_TOPIC = uuid.UUID(int=0)
 # Ranged GETs in flight for one stream object (a store that cannot compose).
 READ_CONCURRENCY = 8
