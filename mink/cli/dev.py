@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ MISSING_EXTRA = ("mink dev needs the embedded PostgreSQL: pip install 'mink[dev]
 
 
 def run_dev(args: argparse.Namespace, overrides: dict) -> int:
-    from mink.storage.embedded_postgres import EmbeddedPostgres, postgres_bin_path
+    from mink.storage.embedded_postgres import postgres_bin_path
 
     try:
         postgres_bin_path()
@@ -27,6 +29,36 @@ def run_dev(args: argparse.Namespace, overrides: dict) -> int:
 
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_dir(data_dir)
+    if lock is None:
+        return 2
+    try:
+        return _run_dev(args, overrides, data_dir)
+    finally:
+        os.close(lock)
+
+
+def _lock_data_dir(data_dir: Path) -> int | None:
+    """The data folder is this process's until it exits (a kernel lock: a killed node's goes
+    with it), as a Kafka broker locks its log.dirs. A second `mink dev` of the same folder
+    would otherwise stop the first one's PostgreSQL, taking it for a killed node's."""
+    fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        print(f"mink: {data_dir} is in use by another mink dev (pid {owner}); stop it first "
+              f"or pass --data-dir", file=sys.stderr)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _run_dev(args: argparse.Namespace, overrides: dict, data_dir: Path) -> int:
+    from mink.storage.embedded_postgres import EmbeddedPostgres
+
     overrides = dict(overrides)
     if overrides.get("object_store") is None:
         overrides["object_store"] = (data_dir / "data").as_uri()
@@ -51,4 +83,8 @@ def run_dev(args: argparse.Namespace, overrides: dict) -> int:
               f"  stop with Ctrl-C", flush=True)
         return trio.run(run_until_signal, config)
     finally:
-        postgres.stop("fast")
+        if postgres.running():  # (not if someone stopped it meanwhile)
+            postgres.stop("fast")
+        else:
+            print(f"mink: PostgreSQL in {data_dir / 'postgres'} had stopped already",
+                  file=sys.stderr)
