@@ -17,7 +17,6 @@ backend spent per commit (from /proc/<pid>/stat).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import tempfile
@@ -30,10 +29,10 @@ warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 import trio  # noqa: E402
 import trio_asyncio  # noqa: E402 - before psycopg's first asyncio use in this process
 
+from benchmarks.control_plane import cpu_seconds  # noqa: E402
 from mink.storage.embedded_postgres import EmbeddedPostgres  # noqa: E402
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "mink" / "storage" / "controlplane" / "sql"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def definitions_of_0002() -> str:
@@ -57,26 +56,14 @@ def current_definitions() -> str:
     return newest.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
 
 
-def backend_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 async def set_up(url: str, partitions: int):
     from mink.storage.controlplane.postgres import MetadataStore
 
     async with trio_asyncio.open_loop():
         metadata = await MetadataStore.open(url)
         try:
-            import psycopg
-
-            with psycopg.connect(url, autocommit=True) as conn:
-                epoch = conn.execute("""
-                    INSERT INTO leases (scope, holder, holder_epoch, epoch, acquired_at,
-                                        expires_at)
-                    VALUES ('coordinator', NULL, NULL, 1, now(), now() + interval '1 hour')
-                    RETURNING epoch""").fetchone()[0]
             node_epoch = await metadata.register_node(1, "127.0.0.1", 1, ttl_s=3600)
+            epoch = await metadata.acquire_lease("coordinator", 1, node_epoch, ttl_s=3600)
             topic = await metadata.create_topic("cost", partitions, {}, [1] * partitions,
                                                 coordinator_epoch=epoch)
             for p in range(partitions):
@@ -130,11 +117,11 @@ def main() -> None:
                 conn.execute(variants[name])
                 for _ in range(200):
                     commit()
-                cpu, started = backend_cpu(backend), time.perf_counter()
+                cpu, started = cpu_seconds([backend]), time.perf_counter()
                 for _ in range(args.commits):
                     commit()
                 wall = (time.perf_counter() - started) / args.commits
-                results[name].append((wall, (backend_cpu(backend) - cpu) / args.commits))
+                results[name].append((wall, (cpu_seconds([backend]) - cpu) / args.commits))
         conn.close()
     finally:
         if pg.running():
