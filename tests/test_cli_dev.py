@@ -101,3 +101,25 @@ def _second_dev_then_a_killed_one(tmp_path) -> None:
         if again.poll() is None:
             again.kill()
             again.wait()
+
+
+def test_a_postgresql_stopped_under_dev_ends_it_without_a_traceback(tmp_path):
+    """Ctrl-C after someone stopped the node's PostgreSQL: one line says so (pg_ctl's stop
+    of a server that is not running used to end the process in a traceback)."""
+    postgres = EmbeddedPostgres(tmp_path / "postgres")
+    port = free_port()
+    node = _dev(tmp_path, port)
+    try:
+        _wait_for_line(node, "one node, data in", 120)
+        _create_topic(port, "before")
+        postgres.stop("immediate")
+        node.send_signal(signal.SIGINT)
+        _, err = node.communicate(timeout=90)
+        assert "had stopped already" in err
+        assert "Traceback" not in err
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        if postgres.running():
+            postgres.stop("immediate")
