@@ -5,10 +5,11 @@ Every operation is ONE statement or ONE transaction that checks the epochs it ca
 write operations are SQL functions defined in `sql/0002_operations.sql`, so each one
 is a single round trip and its SQL reads top to bottom there. Schema: `sql/0001_schema.sql`.
 
-Runtime: psycopg's `AsyncConnectionPool` runs on the node's trio_asyncio loop. Every public
-method is a trio-native `async def` that crosses into asyncio once
-(`trio_asyncio.aio_as_trio`, about 40 us) and does its whole transaction there. The store
-must be opened and used inside the same `trio_asyncio.open_loop()`.
+Runtime: every public method is a trio-native `async def` running one statement on a
+connection of `pool.ConnectionPool`, psycopg async connections whose waits are trio's own
+(no crossing into asyncio per statement). New connections are opened through asyncio (psycopg
+resolves host names there), and LISTEN runs there: the store must be opened and used inside
+a `trio_asyncio.open_loop()`.
 
 Errors: `MetadataError` and subclasses. `MetadataUnavailable` is retriable: PostgreSQL cannot
 be reached (no pooled connection within `timeout` seconds, a lost connection, an operation
@@ -41,7 +42,6 @@ import trio
 import trio_asyncio  # before psycopg.waiting where we can: see _bind_running_loop below
 import psycopg
 import psycopg.waiting
-import psycopg_pool
 from psycopg import pq
 
 from mink.storage.controlplane.api import (
@@ -73,6 +73,13 @@ from mink.storage.controlplane.api import (
 )
 from mink.storage.controlplane.listener import Listener
 from mink.storage.controlplane.migrate import migrate as _migrate
+from mink.storage.controlplane.pool import (
+    ConnectionPool,
+    PoolClosed,
+    PoolTimeout,
+    TrioConnection,
+    looks_dead,
+)
 from mink.storage.pgtext import dict_from_pg, dict_to_pg
 
 
@@ -471,36 +478,6 @@ _ROLLED_BACK = ("40001", "40P01")
 _UNAVAILABLE_PREFIXES = ("57014", "53")
 
 
-def _looks_dead(conn: psycopg.AsyncConnection) -> bool:
-    """True if an idle pooled connection was closed by the server (restart, shutdown).
-
-    An idle connection has nothing to read; if its socket is readable, let libpq read: EOF or a
-    FATAL message marks it BAD. Costs one poll() syscall in the common case."""
-    pgconn = conn.pgconn
-    if pgconn.status != pq.ConnStatus.OK:
-        return True
-    try:
-        fd = pgconn.socket
-    except psycopg.Error:
-        return True
-    poller = select.poll()  # not select(): descriptors above 1024 are common in a broker
-    poller.register(fd, select.POLLIN)
-    for _ in range(3):
-        try:
-            readable = poller.poll(0)
-        except OSError:
-            return False  # cannot tell: let the statement find out
-        if not readable:
-            return False
-        try:
-            pgconn.consume_input()
-        except psycopg.Error:
-            return True
-        if pgconn.status != pq.ConnStatus.OK:
-            return True
-    return False
-
-
 class StatementKind(enum.Enum):
     """What a statement may do, which decides its retries (every caller of `fetch_one` /
     `fetch_all` says which)."""
@@ -513,15 +490,6 @@ class StatementKind(enum.Enum):
 READ, IDEMPOTENT, WRITE = StatementKind.READ, StatementKind.IDEMPOTENT, StatementKind.WRITE
 
 Op = Callable[[psycopg.AsyncConnection], Awaitable[Any]]
-
-
-# psycopg_pool retries a failed connection attempt after 1 s, then 2 s, 4 s...: after a
-# PostgreSQL restart of a fraction of a second the pool stayed empty for seconds, longer than
-# a node's renewal slack (lease_ttl / 3 between renewals), and every node stopped leading.
-# Its back-off has no parameter; these class attributes are what it reads. Start at 50 ms and
-# grow by half each time (capped by reconnect_timeout, after which a request starts afresh).
-psycopg_pool.base.AttemptWithBackoff.INITIAL_DELAY = 0.05
-psycopg_pool.base.AttemptWithBackoff.DELAY_BACKOFF = 1.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,9 +513,8 @@ class MetadataStore:
             "keepalives_count": 3,
             "application_name": name,
         }
-        self._pool: psycopg_pool.AsyncConnectionPool | None = None
-        self._checking = False
-        self._cross = trio_asyncio.aio_as_trio(self._aio_run)
+        self._pool: ConnectionPool | None = None
+        self._connect_in_asyncio = trio_asyncio.aio_as_trio(self._aio_connect)
 
     @property
     def pool_size(self) -> int:
@@ -566,36 +533,39 @@ class MetadataStore:
         runs (including a retry) before it is abandoned."""
         store = cls(conninfo, min_size=min_size, max_size=max_size, timeout=timeout,
                     op_timeout=op_timeout, name=name)
-        await trio_asyncio.aio_as_trio(store._aio_open)(migrate)
-        return store
-
-    async def _aio_open(self, migrate: bool) -> None:
-        pool: psycopg_pool.AsyncConnectionPool = psycopg_pool.AsyncConnectionPool(
-            self.conninfo, kwargs=self._kwargs, min_size=self._min_size,
-            max_size=self._max_size, open=False, timeout=self.timeout,
-            # give up a failing reconnection soon: the next request starts a fresh attempt
-            # instead of waiting out an exponential back-off after PostgreSQL is back
-            reconnect_timeout=max(2.0, self.timeout), name=self._name)
+        pool = ConnectionPool(store._connect, min_size=min_size, max_size=max_size,
+                              timeout=timeout)
         try:
-            await pool.open(wait=True, timeout=self.timeout)
-            if migrate:
-                async with pool.connection() as conn:
-                    await _migrate(conn)
-        except psycopg_pool.PoolTimeout as e:
-            await pool.close()
+            conn = await pool.getconn()
+        except PoolTimeout as e:
+            pool.close()
             raise MetadataUnavailable(f"PostgreSQL not reachable: {e}") from e
+        try:
+            if migrate:
+                await _migrate(conn)
         except psycopg.OperationalError as e:
-            await pool.close()
+            pool.putconn(conn)
+            pool.close()
             raise MetadataUnavailable(f"PostgreSQL not reachable: {e}") from e
         except BaseException:
-            await pool.close()
+            pool.putconn(conn)
+            pool.close()
             raise
-        self._pool = pool
+        pool.putconn(conn)
+        store._pool = pool
+        return store
+
+    async def _connect(self) -> TrioConnection:
+        # through asyncio: psycopg resolves host names there (rare: a new pooled connection)
+        return await self._connect_in_asyncio()
+
+    async def _aio_connect(self) -> TrioConnection:
+        return await TrioConnection.connect(self.conninfo, **self._kwargs)
 
     async def aclose(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            await trio_asyncio.aio_as_trio(pool.close)()
+            pool.close()
 
     async def __aenter__(self) -> MetadataStore:
         return self
@@ -606,17 +576,15 @@ class MetadataStore:
     # -- running operations --------------------------------------------------------------------
 
     async def _run(self, kind: StatementKind, op: Op) -> Any:
-        """Run `op(conn)` in asyncio on a pooled connection: one crossing."""
-        return await self._cross(kind, op)
-
-    async def _aio_run(self, kind: StatementKind, op: Op) -> Any:
+        """Run `op(conn)` on a pooled connection, with the retries `kind` allows, within
+        op_timeout."""
         pool = self._pool
         if pool is None:
             raise MetadataError("the metadata store is closed")
         attempt = 0
         sent = False  # a write statement was sent at least once: its outcome may be unknown
         try:
-            async with asyncio.timeout(self.op_timeout):
+            with trio.fail_after(self.op_timeout):
                 while True:
                     attempt += 1
                     conn = None
@@ -624,15 +592,11 @@ class MetadataStore:
                         conn = await self._checkout(pool)
                         sent = sent or kind is not READ
                         try:
-                            result = await op(conn)
-                        except BaseException:
-                            # also when cancelled: the pool must get its connection back
-                            await asyncio.shield(pool.putconn(conn))
-                            raise
-                        await pool.putconn(conn)
-                        return result
-                    except (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed,
-                            psycopg_pool.TooManyRequests):
+                            return await op(conn)
+                        finally:
+                            # also when cancelled: a connection left ACTIVE is closed
+                            pool.putconn(conn)
+                    except (PoolTimeout, PoolClosed):
                         raise
                     except psycopg.Error as e:
                         if (err := _domain_error(e)) is not None:
@@ -646,44 +610,32 @@ class MetadataStore:
                                 raise MetadataRejected(f"{e.sqlstate}: {e}") from e
                             raise
                         logger.info("metadata connection lost: %s", e)
-                        await self._recover(pool)
+                        pool.check()
                         if kind is not WRITE and attempt < 2:
                             continue
                         if sent:
                             raise OutcomeUnknown(f"connection lost: {e}") from e
                         raise MetadataUnavailable(f"connection lost: {e}") from e
-        except (psycopg_pool.PoolTimeout, psycopg_pool.TooManyRequests) as e:
+        except PoolTimeout as e:
             if sent:
                 raise OutcomeUnknown(f"connection lost, then {e}") from e
             raise MetadataUnavailable(f"PostgreSQL not reachable: {e}") from e
-        except psycopg_pool.PoolClosed as e:
+        except PoolClosed as e:
             raise MetadataError("the metadata store is closed") from e
-        except TimeoutError as e:
+        except trio.TooSlowError as e:
             if sent:
                 raise OutcomeUnknown(f"no answer within {self.op_timeout} s") from e
             raise MetadataUnavailable(f"no answer within {self.op_timeout} s") from e
 
-    async def _checkout(self, pool: psycopg_pool.AsyncConnectionPool) -> psycopg.AsyncConnection:
+    async def _checkout(self, pool: ConnectionPool) -> TrioConnection:
         """A pooled connection that was not closed by the server while it sat in the pool."""
-        for _ in range(self._max_size + 1):
+        for _ in range(2):
             conn = await pool.getconn()
-            if not _looks_dead(conn):
+            if not looks_dead(conn):
                 return conn
-            await pool.putconn(conn)  # a BAD connection is discarded and replaced by the pool
-        await self._recover(pool)
+            pool.putconn(conn)  # BAD: closed there
+            pool.check()  # its idle siblings were most likely closed too
         return await pool.getconn()
-
-    async def _recover(self, pool: psycopg_pool.AsyncConnectionPool) -> None:
-        """After a connection loss: check every idle connection, drop the broken ones."""
-        if self._checking:
-            return
-        self._checking = True
-        try:
-            await pool.check()
-        except Exception as e:  # pragma: no cover - best effort
-            logger.debug("pool check failed: %s", e)
-        finally:
-            self._checking = False
 
     # -- one statement: the primitive of every operation -----------------------------------
     # Public for the control plane's operation modules beside this one (`groups`, and
