@@ -11,6 +11,7 @@ import trio
 from mink.storage.controlplane import MetadataUnavailable, OutcomeUnknown
 from mink.storage.controlplane.postgres import READ, WRITE, MetadataStore
 
+
 async def open_store(pg_url, **kwargs) -> MetadataStore:
     options = {"min_size": 1, "max_size": 4, "timeout": 2.0, "op_timeout": 10.0}
     return await MetadataStore.open(pg_url, **(options | kwargs))

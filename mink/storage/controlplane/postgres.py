@@ -31,7 +31,6 @@ import asyncio
 import base64
 import enum
 import logging
-import select
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
@@ -42,7 +41,6 @@ import trio
 import trio_asyncio  # before psycopg.waiting where we can: see _bind_running_loop below
 import psycopg
 import psycopg.waiting
-from psycopg import pq
 
 from mink.storage.controlplane.api import (
     Change,
