@@ -169,6 +169,53 @@ async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline
         await client.aclose()
 
 
+async def test_an_append_refused_by_a_fence_is_answered_once_the_node_leads_again(
+        pg_url, pg_proxy, store_url, nursery):
+    """A Produce appended just before the node fenced itself (PostgreSQL stalled past
+    lease_ttl) is refused as not written once PostgreSQL answers. With produce forwarding,
+    such a refusal waits for the partition's new leader; when the new leader is this node
+    again (it registered anew and re-led its partitions), there is no one to wait for: the
+    answer comes then (NOT_LEADER_OR_FOLLOWER, the client retries here), not at the
+    request's timeout. (Found by the fault campaign: kafka-python, whose request timeout
+    equals its produce timeout, gave up on such requests every time and reconnected.)"""
+    from mink.protocol.records import Record, build_batch
+    from tests.support.nodes import node_config, start_node
+    from tests.support.raw import produce_request, produce_result
+
+    ttl = 3.0
+    address = await start_node(nursery, node_config(via_proxy(pg_url, pg_proxy), store_url,
+                                                    lease_ttl=ttl, coordinator_tick=0.5))
+    client = await KafkaClient.connect(address)
+    records = build_batch([Record(0, 0, None, b"x")])
+    with trio.fail_after(30):  # auto-created, opened, writable
+        while produce_result(await client.call(0, 9, produce_request("refenced", 0, records)))[0]:
+            await trio.sleep(0.05)
+    answered: list[tuple[float, int]] = []
+
+    async def produce() -> None:
+        started = trio.current_time()
+        error, _ = produce_result(await client.call(
+            0, 9, produce_request("refenced", 0, records, timeout_s=20.0)))
+        answered.append((trio.current_time() - started, error))
+
+    pg_proxy.cut()  # its commit never arrives; the node fences itself at lease_ttl - margin
+    try:
+        nursery.start_soon(produce)
+        await trio.sleep(ttl + 1.0)
+    finally:
+        pg_proxy.restore()
+    with trio.fail_after(30):
+        while not answered:
+            await trio.sleep(0.05)
+    [(seconds, error)] = answered
+    assert error in (0, NOT_LEADER), error
+    assert seconds < 12.0, f"answered {seconds:.1f} s after it was sent (timeout 20 s)"
+    with trio.fail_after(30):  # and the node takes writes again
+        while produce_result(await client.call(0, 9, produce_request("refenced", 0, records)))[0]:
+            await trio.sleep(0.05)
+    await client.aclose()
+
+
 async def test_renewals_do_not_queue_behind_a_busy_pool(pg_url, store_url, nursery):
     """Every connection of the node's pool busy for twice lease_ttl (slow statements: a
     catch-up read's index lookups, tiering, commits on a loaded server): the membership's

@@ -21,7 +21,10 @@ response, in the request's order (`handlers/produce.py` builds it).
   the client refreshes its metadata and retries. A partition moving here (still opening,
   or forwarded here before this node's view shows the move) is waited for by the handler,
   and an append refused here because its partition moved is forwarded to the new leader
-  (`moved`, handlers/produce.py): no NOT_LEADER_OR_FOLLOWER while partitions move.
+  (`moved`, handlers/produce.py) within what is left of the request's timeout: no
+  NOT_LEADER_OR_FOLLOWER while partitions move. A refused append whose partition this node
+  leads again (it fenced itself, registered anew and re-led it) has no one else to wait
+  for: NOT_LEADER_OR_FOLLOWER at once, and the client retries here.
 - Outcomes: the leader's answer per partition as it gave it (error, base offset, log append
   time, log start, record errors, message). Nothing sent: NOT_LEADER_OR_FOLLOWER. Sent and
   not answered in time, or the connection lost with it in flight: REQUEST_TIMED_OUT, as
@@ -84,7 +87,7 @@ class Forwarded:
     their answers written into their results (`settle`)."""
 
     def __init__(self, node, ctx, request, remote: list[Remote], moved: bool = False,
-                 after: tuple[trio.Event, ...] = ()) -> None:
+                 after: tuple[trio.Event, ...] = (), deadline: float | None = None) -> None:
         self.node = node
         self.ctx = ctx
         self.request = request
@@ -92,7 +95,12 @@ class Forwarded:
         wait = min(max(request.timeout.total_seconds(), MIN_WAIT), MAX_WAIT)
         self.started = trio.current_time()
         self.send_deadline = self.started + wait
-        self.answer_deadline = self.started + wait + ANSWER_MARGIN
+        if deadline is not None:
+            # moved parts: the request's own deadline, which their wait for a commit used
+            # already; an answer after it finds no client listening (kafka-python gives up
+            # at its request's timeout)
+            self.send_deadline = min(self.send_deadline, deadline)
+        self.answer_deadline = self.send_deadline + ANSWER_MARGIN
         self.calls: list[tuple[int, list[Remote], PeerCall]] = []
         self.unrouted: list[Remote] = []  # no leader to send to: answered NOT_LEADER
         self.queued = trio.Event()  # every part is queued (or refused): the next may go
@@ -163,8 +171,11 @@ class Forwarded:
             leader = None
             if topic is not None and 0 <= item.data.index < len(topic.partitions):
                 leader = topic.partitions[item.data.index].leader
-            if leader == node.node_id and self.moved and not final:
+            if (leader == node.node_id and self.moved and not final
+                    and node.leader_log(topic, item.data.index) is None):
                 return None  # refused by a move this node's view does not show yet
+            # (led here again, by this node re-registered after fencing itself: no one
+            # else to wait for; answered NOT_LEADER_OR_FOLLOWER now, retried here)
             if leader == node.node_id or topic is None:
                 unrouted.append(item)  # opening here (or gone): NOT_LEADER_OR_FOLLOWER now
             elif leader is None or leader not in view.brokers:

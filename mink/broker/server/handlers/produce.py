@@ -153,7 +153,7 @@ async def handle(node, ctx, request):
                     result.message = str(exc)
                     result.moved = isinstance(exc, NotLeader)
     if appended is not None:
-        await _forward_moved(node, ctx, request, results, appended)
+        await _forward_moved(node, ctx, request, results, appended, deadline)
     if forwarded is not None:
         await forwarded.settle()
     _remember_not_written(node, request, results)
@@ -207,7 +207,7 @@ def _appending(ctx, results: dict[str, list[_PartitionResult]]):
 
 
 async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionResult]],
-                         appending: tuple) -> None:
+                         appending: tuple, deadline: float) -> None:
     """Appends refused because their partition moved away meanwhile (not written:
     NotLeader) are forwarded to the new leader, before the connection's later requests'
     parts for those partitions (and after the earlier requests' own moved parts),
@@ -220,7 +220,8 @@ async def _forward_moved(node, ctx, request, results: dict[str, list[_PartitionR
                                          strict=False) if result.moved]
         if not moved:
             return
-        again = Forwarded(node, ctx, request, moved, moved=True, after=earlier)
+        again = Forwarded(node, ctx, request, moved, moved=True, after=earlier,
+                          deadline=deadline)
         for item in moved:
             item.result.forwarded = True
         await again.dispatch_late()
