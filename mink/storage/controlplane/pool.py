@@ -10,9 +10,9 @@ host names there): it is rare, and it needs the store's trio_asyncio loop.
 
 `ConnectionPool` is the little of psycopg_pool the store used: at most `max_size`
 connections, a wait for one bounded by `timeout`, idle ones reused newest first and closed
-after `max_idle` or `max_lifetime`, any connection returned broken or not idle closed (a
-statement cancelled half way leaves it ACTIVE: its outcome is the caller's to judge, the
-connection is not reused).
+after `max_idle` or `max_lifetime`, any connection returned broken or not idle closed. A
+statement whose caller is cancelled (a deadline) is cancelled in the server too, as psycopg
+does, and waited for up to CANCEL_TIMEOUT; its outcome is the caller's to judge.
 """
 
 from __future__ import annotations
