@@ -171,7 +171,7 @@ async def test_with_postgres_stalled_produce_is_refused_by_the_validity_deadline
 
 async def test_an_append_refused_by_a_fence_is_answered_once_the_node_leads_again(
         pg_url, pg_proxy, store_url, nursery):
-    """A Produce appended just before the node fenced itself (PostgreSQL stalled past
+    """A Produce appended just before the node fenced itself (PostgreSQL cut off past
     lease_ttl) is refused as not written once PostgreSQL answers. With produce forwarding,
     such a refusal waits for the partition's new leader; when the new leader is this node
     again (it registered anew and re-led its partitions), there is no one to wait for: the
