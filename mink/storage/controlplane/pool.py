@@ -42,21 +42,25 @@ class PoolClosed(Exception):
     """The pool was closed."""
 
 
+async def _ready(state, fileno: int) -> int:
+    """Wait on trio for what one step of psycopg's generators asks; the readiness to send."""
+    if state == _WAIT_R:
+        await trio.lowlevel.wait_readable(fileno)
+        return _READY_R
+    if state == _WAIT_W:
+        await trio.lowlevel.wait_writable(fileno)
+        return _READY_W
+    if state == _WAIT_RW:
+        return await _readable_or_writable(fileno)
+    raise psycopg.InternalError(f"bad poll status: {state}")
+
+
 async def _drive(gen, fileno: int):
     """Run one of psycopg's generators to its end, waiting on trio for what it asks."""
     try:
         state = next(gen)
         while True:
-            if state == _WAIT_R:
-                await trio.lowlevel.wait_readable(fileno)
-                state = gen.send(_READY_R)
-            elif state == _WAIT_W:
-                await trio.lowlevel.wait_writable(fileno)
-                state = gen.send(_READY_W)
-            elif state == _WAIT_RW:
-                state = gen.send(await _readable_or_writable(fileno))
-            else:
-                raise psycopg.InternalError(f"bad poll status: {state}")
+            state = gen.send(await _ready(state, fileno))
     except StopIteration as ex:
         return ex.value
     except OSError as ex:
@@ -96,16 +100,7 @@ async def _drive_conn(gen):
     try:
         fileno, state = next(gen)
         while True:
-            if state == _WAIT_R:
-                await trio.lowlevel.wait_readable(fileno)
-                fileno, state = gen.send(_READY_R)
-            elif state == _WAIT_W:
-                await trio.lowlevel.wait_writable(fileno)
-                fileno, state = gen.send(_READY_W)
-            elif state == _WAIT_RW:
-                fileno, state = gen.send(await _readable_or_writable(fileno))
-            else:
-                raise psycopg.InternalError(f"bad poll status: {state}")
+            fileno, state = gen.send(await _ready(state, fileno))
     except StopIteration as ex:
         return ex.value
     except OSError as ex:
@@ -126,6 +121,8 @@ class TrioConnection(psycopg.AsyncConnection):
 
     Used by one task at a time (the pool sees to it): its asyncio lock is then never
     contended and never needs a loop."""
+
+    opened_at = 0.0  # trio time, set by the pool: connections are replaced after max_lifetime
 
     async def wait(self, gen, interval: float | None = None, timeout: float | None = None):
         fileno = self.pgconn.socket
@@ -215,12 +212,10 @@ class ConnectionPool:
         self.max_lifetime = max_lifetime
         self._slots = trio.Semaphore(max_size)
         self._idle: list[tuple[TrioConnection, float]] = []  # (connection, returned at)
-        self._opened_at: dict[int, float] = {}  # id(connection) -> when it was opened
         self.closed = False
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._opened_at)
+    def _worn_out(self, conn: TrioConnection, now: float) -> bool:
+        return now - conn.opened_at >= self.max_lifetime
 
     async def getconn(self) -> TrioConnection:
         """A connection of this task's own until `putconn`; PoolTimeout after `timeout` s."""
@@ -236,7 +231,7 @@ class ConnectionPool:
             now = trio.current_time()
             while self._idle:
                 conn, _ = self._idle.pop()
-                if now - self._opened_at.get(id(conn), now) < self.max_lifetime:
+                if not self._worn_out(conn, now):
                     return conn
                 self._close(conn)
             return await self._open(deadline)
@@ -250,7 +245,7 @@ class ConnectionPool:
             try:
                 with trio.move_on_at(deadline):
                     conn = await self._connect()
-                    self._opened_at[id(conn)] = trio.current_time()
+                    conn.opened_at = trio.current_time()
                     return conn
                 error: Exception | str = "connecting took too long"
             except psycopg.OperationalError as exc:
@@ -267,7 +262,7 @@ class ConnectionPool:
             now = trio.current_time()
             if (self.closed or conn.closed or conn.broken
                     or conn.pgconn.transaction_status != _IDLE
-                    or now - self._opened_at.get(id(conn), now) >= self.max_lifetime):
+                    or self._worn_out(conn, now)):
                 self._close(conn)
                 return
             self._idle.append((conn, now))
@@ -296,7 +291,6 @@ class ConnectionPool:
             self._close(conn)
 
     def _close(self, conn: TrioConnection) -> None:
-        self._opened_at.pop(id(conn), None)
         try:
             conn.pgconn.finish()  # what AsyncConnection.close does, without its await
         except Exception as exc:  # pragma: no cover - closing is best effort

@@ -512,7 +512,8 @@ class MetadataStore:
             "application_name": name,
         }
         self._pool: ConnectionPool | None = None
-        self._connect_in_asyncio = trio_asyncio.aio_as_trio(self._aio_connect)
+        # new connections open through asyncio: psycopg resolves host names there (rare)
+        self._connect = trio_asyncio.aio_as_trio(self._aio_connect)
 
     @property
     def pool_size(self) -> int:
@@ -552,10 +553,6 @@ class MetadataStore:
         pool.putconn(conn)
         store._pool = pool
         return store
-
-    async def _connect(self) -> TrioConnection:
-        # through asyncio: psycopg resolves host names there (rare: a new pooled connection)
-        return await self._connect_in_asyncio()
 
     async def _aio_connect(self) -> TrioConnection:
         return await TrioConnection.connect(self.conninfo, **self._kwargs)
