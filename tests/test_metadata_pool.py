@@ -91,7 +91,8 @@ async def test_a_busy_pool_is_a_bounded_wait_then_unavailable(pg_url, aio_loop):
 
 async def test_connections_the_server_closed_are_replaced_even_for_a_write(pg_url, aio_loop):
     """Every pooled connection terminated by the server while idle (a restart, an
-    administrator): the next write is sent on a new connection, not failed."""
+    administrator): the next write is sent on a new connection, not failed. (Only this
+    test's database: xdist's other worker shares the server.)"""
     store = await open_store(pg_url, max_size=3)
     try:
         async with trio.open_nursery() as nursery:  # three connections in the pool
@@ -100,11 +101,13 @@ async def test_connections_the_server_closed_are_replaced_even_for_a_write(pg_ur
         with psycopg.connect(pg_url, autocommit=True) as admin:
             ended = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = 'mink-metadata'").fetchone()[0]
+                "WHERE application_name = 'mink-metadata' AND datname = current_database()"
+            ).fetchone()[0]
             assert ended == 3
             with trio.fail_after(10):  # terminating is asynchronous: wait until they are gone
                 while admin.execute("SELECT count(*) FROM pg_stat_activity "
-                                    "WHERE application_name = 'mink-metadata'").fetchone()[0]:
+                                    "WHERE application_name = 'mink-metadata' "
+                                    "AND datname = current_database()").fetchone()[0]:
                     await trio.sleep(0.02)
         row = await store.fetch_one(WRITE, "SELECT pg_backend_pid(), 7")
         assert row is not None and row[1] == 7
