@@ -1,5 +1,5 @@
-"""cleanup.policy=compact and compact,delete: accepted at creation and by the config APIs, a
-keyless record refused (INVALID_RECORD for its batch, as Kafka's LogValidator), retention by
+"""cleanup.policy=compact, compact,delete and empty: accepted at creation and by the config APIs,
+a keyless record refused (INVALID_RECORD for its batch, as Kafka's LogValidator), retention by
 time or size only where the policy includes delete. Stock clients against a live node."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ INVALID_RECORD = 87
     ("delete", False, True),
     ("compact,delete", True, True),
     ("delete, compact", True, True),
+    ("", False, False),  # Kafka (documented from 4.1): the log is kept whole
 ])
 def test_cleanup_policies_accepted(policy, compacted, deletes):
     stored = validate_topic_config({"cleanup.policy": policy})
@@ -46,7 +47,6 @@ def test_default_policy_is_delete():
 
 @pytest.mark.parametrize("configs", [
     {"cleanup.policy": "shred"},
-    {"cleanup.policy": ""},
     {"cleanup.policy": "compact,shred"},
     {"min.cleanable.dirty.ratio": "1.5"},
     {"min.cleanable.dirty.ratio": "half"},
@@ -72,8 +72,14 @@ def test_incremental_alter_appends_compact():
     assert is_compacted(altered) and deletes_by_retention(altered)
     altered = altered_topic_config(altered, [("SUBTRACT", "cleanup.policy", "delete")])
     assert is_compacted(altered) and not deletes_by_retention(altered)
+    # down to the empty list, which stays empty (not the default) for the next change
+    altered = altered_topic_config(altered, [("SUBTRACT", "cleanup.policy", "compact")])
+    assert altered["cleanup.policy"] == ""
+    assert not is_compacted(altered) and not deletes_by_retention(altered)
+    altered = altered_topic_config(altered, [("APPEND", "cleanup.policy", "compact")])
+    assert altered["cleanup.policy"] == "compact"
     with pytest.raises(InvalidConfig):
-        altered_topic_config(altered, [("SUBTRACT", "cleanup.policy", "compact")])
+        altered_topic_config(altered, [("APPEND", "cleanup.policy", "shred")])
 
 
 # -- on a live node -----------------------------------------------------------------------------
@@ -227,17 +233,20 @@ async def test_retention_applies_to_compact_delete_only(mink_postgres, tmp_path)
         assert await in_thread(_create, address, {
             "compact-only": {"cleanup.policy": "compact", "retention.ms": "1000"},
             "compact-delete": {"cleanup.policy": "compact,delete", "retention.ms": "1000"},
-        }) == {"compact-only": None, "compact-delete": None}
-        for topic in ("compact-only", "compact-delete"):
+            "keep-all": {"cleanup.policy": "", "retention.ms": "1000"},
+        }) == {"compact-only": None, "compact-delete": None, "keep-all": None}
+        assert (await in_thread(_describe, address, "keep-all"))["cleanup.policy"] == ""
+        for topic in ("compact-only", "compact-delete", "keep-all"):
             await in_thread(_produce_old, address, topic, 3)
 
         with trio.fail_after(TIMEOUT):  # retention empties compact,delete ...
             while await in_thread(_watermarks, address, "compact-delete") != (3, 3):
                 await trio.sleep(0.2)
-        # ... in the rounds that would have emptied compact-only too
+        # ... in the rounds that would have emptied compact-only and keep-all too
         for _ in range(3):
             await trio.sleep(0.2)
             assert await in_thread(_watermarks, address, "compact-only") == (0, 3)
+            assert await in_thread(_watermarks, address, "keep-all") == (0, 3)
 
 
 def test_the_dedupe_buffer_size_is_a_node_setting_of_at_least_1_mib():

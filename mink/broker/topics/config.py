@@ -42,10 +42,12 @@ def _ratio(value: str) -> float:
 
 
 def _cleanup_policy(value: str) -> frozenset[str]:
-    """The set of policies: {"delete"}, {"compact"} or both (Kafka's LIST, either order)."""
+    """The set of policies: {"delete"}, {"compact"}, both (Kafka's LIST, either order), or
+    none: as in Kafka (documented from 4.1), an empty list keeps the log whole, neither
+    truncated by retention nor compacted."""
     policies = frozenset(p.strip() for p in str(value).split(",") if p.strip())
-    if not policies or not policies <= {"delete", "compact"}:
-        raise InvalidConfig(f"{value!r} is not delete, compact or both")
+    if not policies <= {"delete", "compact"}:
+        raise InvalidConfig(f"{value!r} is not delete, compact, both or empty")
     return policies
 
 
@@ -75,7 +77,8 @@ class Setting:
 TOPIC_SETTINGS: dict[str, Setting] = {
     "cleanup.policy": Setting("delete", _cleanup_policy,
                               "delete: retention.ms / retention.bytes truncate the log; "
-                              "compact: the latest record per key is kept (both: both)",
+                              "compact: the latest record per key is kept (both: both; "
+                              "empty: neither, the log is kept whole)",
                               "LIST", "log.cleanup.policy"),
     # Compaction (docs/compaction.md), Kafka's LogCleaner settings and defaults.
     "delete.retention.ms": Setting("86400000", _long(0),
@@ -212,7 +215,8 @@ def altered_topic_config(current: dict[str, str],
         elif op in ("APPEND", "SUBTRACT"):
             if setting is None or setting.type != "LIST":
                 raise InvalidConfig(f"{op} is only for list configs, not {key!r}")
-            items = [i for i in (out.get(key) or setting.default).split(",") if i]
+            # a stored empty list is a value of its own (cleanup.policy: keep everything)
+            items = [i for i in out.get(key, setting.default).split(",") if i]
             given = [i.strip() for i in (value or "").split(",") if i.strip()]
             if op == "APPEND":
                 items += [i for i in given if i not in items]
