@@ -236,6 +236,43 @@ async def test_delete_records_with_confluent_kafka(node):
     await trio.to_thread.run_sync(scenario)
 
 
+async def test_a_list_offsets_sent_behind_delete_records_sees_its_log_start(node):
+    """Kafka answers a connection's requests one after the other: a ListOffsets(earliest)
+    pipelined right behind a DeleteRecords (confluent-kafka-python's own integration test
+    does this through the admin client) gets the new log start, not the old one."""
+    import datetime
+
+    from kio.index import load_request_schema
+
+    from mink.client import KafkaClient
+    from mink.protocol.apis import ApiKey
+    from mink.protocol.messages import build, nested
+
+    await trio.to_thread.run_sync(create_topic, node, "dr-then-list")
+    await trio.to_thread.run_sync(produce_rows, node, "dr-then-list",
+                                  [b"%d" % i for i in range(5)])
+    deletes = load_request_schema(ApiKey.DELETE_RECORDS, 2)
+    lists = load_request_schema(ApiKey.LIST_OFFSETS, 7)
+    list_body = build(lists, replica_id=-1, isolation_level=0, topics=(
+        nested(lists, "ListOffsetsTopic")(name="dr-then-list", partitions=(
+            nested(lists, "ListOffsetsPartition")(partition_index=0, current_leader_epoch=-1,
+                                                  timestamp=-2),)),))
+    async with await KafkaClient.connect(node) as client:
+        for offset in (2, 3, 4):
+            delete_body = build(deletes, timeout=datetime.timedelta(seconds=TIMEOUT), topics=(
+                nested(deletes, "DeleteRecordsTopic")(name="dr-then-list", partitions=(
+                    nested(deletes, "DeleteRecordsPartition")(partition_index=0,
+                                                              offset=offset),)),))
+            await client.send(ApiKey.DELETE_RECORDS, 2, delete_body)
+            await client.send(ApiKey.LIST_OFFSETS, 7, list_body)
+            _, deleted = await client.receive(ApiKey.DELETE_RECORDS, 2)
+            _, listed = await client.receive(ApiKey.LIST_OFFSETS, 7)
+            low = deleted.topics[0].partitions[0]
+            earliest = listed.topics[0].partitions[0]
+            assert (low.error_code, low.low_watermark) == (0, offset)
+            assert (earliest.error_code, earliest.offset) == (0, offset)
+
+
 async def test_delete_records_with_kafka_python(node):
     def scenario():
         from kafka import KafkaAdminClient, TopicPartition

@@ -39,7 +39,7 @@ def _refused(authorizer, ctx, operation) -> tuple[ErrorCode, str] | None:
 
 
 async def create(node, ctx, request):
-    ctx.applied()
+    # applied when it ends: the connection's next request sees the change (as in Kafka)
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result = nested(schema, "AclCreationResult")
     authorizer = node.authorizer
@@ -113,7 +113,7 @@ async def describe(node, ctx, request):
 
 
 async def delete(node, ctx, request):
-    ctx.applied()
+    # applied when it ends: the connection's next request sees the change (as in Kafka)
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     filter_result = nested(schema, "DeleteAclsFilterResult")
     matching = nested(schema, "DeleteAclsMatchingAcl")

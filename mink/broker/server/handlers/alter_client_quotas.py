@@ -20,7 +20,7 @@ from mink.storage.controlplane import MetadataUnavailable
 
 
 async def handle(node, ctx, request):
-    ctx.applied()
+    # applied when it ends: the connection's next request sees the change (as in Kafka)
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     entry_schema = nested(schema, "EntryData")
     entity_schema = nested(schema, "EntityData")

@@ -11,7 +11,7 @@ from mink.protocol.messages import build, nested, response_schema
 
 
 async def handle(node, ctx, request):
-    ctx.applied()
+    # applied when it ends: the connection's next request sees the change (as in Kafka)
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "AlterConfigsResourceResponse")
     results = []

@@ -26,7 +26,8 @@ _REFUSALS = {
 
 
 async def handle(node, ctx, request):
-    ctx.applied()
+    # applied when it ends: a ListOffsets sent right behind it on the connection (as
+    # librdkafka's admin client does) sees the new log start, as in Kafka
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     partition_schema = nested(schema, "DeleteRecordsPartitionResult")
     topics = []

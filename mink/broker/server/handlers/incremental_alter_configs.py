@@ -14,7 +14,7 @@ OPERATIONS = {0: "SET", 1: "DELETE", 2: "APPEND", 3: "SUBTRACT"}
 
 
 async def handle(node, ctx, request):
-    ctx.applied()
+    # applied when it ends: the connection's next request sees the change (as in Kafka)
     schema = response_schema(ctx.header.api_key, ctx.header.api_version)
     result_schema = nested(schema, "AlterConfigsResourceResponse")
     results = []
