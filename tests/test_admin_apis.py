@@ -181,6 +181,34 @@ async def test_confluent_create_topics(node):
     assert await in_thread(produce, node, "placed", [b"a", b"b"], 1) == [0, 1]
 
 
+async def test_a_replication_factor_up_to_the_registered_brokers_is_taken(mink_postgres):
+    """As Kafka: a factor of 3 on three brokers is taken (Schema Registry and Connect ask for
+    3 by default), 4 is refused with Kafka's message; a partition still has one copy, its
+    leader's, made durable by the object store."""
+    from confluent_kafka.admin import NewTopic
+
+    from mink.testing import open_cluster
+
+    async with open_cluster(3, mink_postgres, proxy=False) as cluster:
+        bootstrap = cluster.node(1).bootstrap
+
+        def create():
+            admin = confluent_admin(bootstrap)  # kept: its futures fail once it is destroyed
+            futures = admin.create_topics(
+                [NewTopic("three-copies", 2, 3), NewTopic("four-copies", 1, 4)],
+                operation_timeout=TIMEOUT)
+            outcome = {name: error_of(f) for name, f in futures.items()}
+            described = admin.list_topics("three-copies", timeout=TIMEOUT)
+            replicas = [p.replicas for p in described.topics["three-copies"].partitions.values()]
+            return outcome, replicas
+
+        outcome, replicas = await in_thread(create)
+        assert outcome == {"three-copies": None,
+                           "four-copies": ErrorCode.invalid_replication_factor}
+        assert len(replicas) == 2 and all(len(r) == 1 for r in replicas)
+        assert await in_thread(produce, bootstrap, "three-copies", [b"a"], 0) == [0]
+
+
 async def test_confluent_describe_configs(node):
     from confluent_kafka.admin import ConfigResource, ConfigSource, NewTopic, ResourceType
 

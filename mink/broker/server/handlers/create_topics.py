@@ -136,7 +136,7 @@ def plan_topic(node, topic, created: Sequence[str] = ()) -> Plan:
                           "partitions should be a consecutive 0-based integer sequence")
         return Plan(name, len(by_index), [by_index[i] for i in range(len(by_index))], configs)
 
-    check_replication_factor(topic.replication_factor)
+    check_replication_factor(node, topic.replication_factor)
     partitions = topic.num_partitions
     if partitions == -1:
         partitions = node.config.num_partitions
@@ -146,15 +146,19 @@ def plan_topic(node, topic, created: Sequence[str] = ()) -> Plan:
     return Plan(name, partitions, None, configs)
 
 
-def check_replication_factor(replication_factor: int) -> None:
+def check_replication_factor(node, replication_factor: int) -> None:
+    """Kafka's checks. A factor up to the registered brokers is taken, as Kafka takes it,
+    and means what any factor means here: one copy, its leader's, made durable by the
+    object store (tools and frameworks ask for 3 by default on a cluster of three)."""
     if replication_factor == 0 or replication_factor < -1:
         raise Refused(ErrorCode.invalid_replication_factor,
                       "Replication factor must be larger than 0, or -1 to use the default value.")
-    if replication_factor > 1:
+    registered = len(node.view.brokers)
+    if replication_factor > max(registered, 1):
         raise Refused(ErrorCode.invalid_replication_factor,
-                      f"Unable to replicate the partition {replication_factor} time(s): Mink "
-                      "keeps one copy of each partition, made durable by the object store; "
-                      "use a replication factor of 1 or -1.")
+                      f"Unable to replicate the partition {replication_factor} time(s): The "
+                      f"target replication factor of {replication_factor} cannot be reached "
+                      f"because only {registered} broker(s) are registered.")
 
 
 def assigned_leader(node, index: int, broker_ids) -> int:
