@@ -181,9 +181,10 @@ async def test_confluent_create_topics(node):
     assert await in_thread(produce, node, "placed", [b"a", b"b"], 1) == [0, 1]
 
 
-async def test_a_replication_factor_up_to_the_registered_brokers_is_taken(mink_postgres):
+async def test_replication_factors_and_assignments_up_to_the_registered_brokers(mink_postgres):
     """As Kafka: a factor of 3 on three brokers is taken (Schema Registry and Connect ask for
-    3 by default), 4 is refused with Kafka's message; a partition still has one copy, its
+    3 by default), 4 is refused with Kafka's message, and so are manual assignments naming
+    several registered brokers, led by the first; a partition still has one copy, its
     leader's, made durable by the object store."""
     from confluent_kafka.admin import NewTopic
 
@@ -195,17 +196,29 @@ async def test_a_replication_factor_up_to_the_registered_brokers_is_taken(mink_p
         def create():
             admin = confluent_admin(bootstrap)  # kept: its futures fail once it is destroyed
             futures = admin.create_topics(
-                [NewTopic("three-copies", 2, 3), NewTopic("four-copies", 1, 4)],
+                [NewTopic("three-copies", 2, 3), NewTopic("four-copies", 1, 4),
+                 NewTopic("placed-on-two", 2, replica_assignment=[[3, 1], [2, 3]]),
+                 NewTopic("placed-twice", 1, replica_assignment=[[2, 2]]),
+                 NewTopic("placed-unevenly", 2, replica_assignment=[[1, 2], [3]]),
+                 NewTopic("placed-on-nobody", 1, replica_assignment=[[1, 9]])],
                 operation_timeout=TIMEOUT)
             outcome = {name: error_of(f) for name, f in futures.items()}
-            described = admin.list_topics("three-copies", timeout=TIMEOUT)
-            replicas = [p.replicas for p in described.topics["three-copies"].partitions.values()]
-            return outcome, replicas
+            described = admin.list_topics(timeout=TIMEOUT).topics
+            return outcome, {name: {i: (p.leader, p.replicas) for i, p in
+                                    described[name].partitions.items()}
+                             for name in ("three-copies", "placed-on-two")}
 
-        outcome, replicas = await in_thread(create)
+        outcome, partitions = await in_thread(create)
+        refused = ErrorCode.invalid_replica_assignment
         assert outcome == {"three-copies": None,
-                           "four-copies": ErrorCode.invalid_replication_factor}
-        assert len(replicas) == 2 and all(len(r) == 1 for r in replicas)
+                           "four-copies": ErrorCode.invalid_replication_factor,
+                           "placed-on-two": None, "placed-twice": refused,
+                           "placed-unevenly": refused, "placed-on-nobody": refused}
+        assert len(partitions["three-copies"]) == 2
+        assert all(replicas == [leader] for leader, replicas in
+                   partitions["three-copies"].values())
+        # a manual assignment's first broker leads (Kafka's preferred leader)
+        assert partitions["placed-on-two"] == {0: (3, [3]), 1: (2, [2])}
         assert await in_thread(produce, bootstrap, "three-copies", [b"a"], 0) == [0]
 
 

@@ -131,6 +131,9 @@ def plan_topic(node, topic, created: Sequence[str] = ()) -> Plan:
                 raise Refused(ErrorCode.invalid_replica_assignment,
                               f"Found multiple manual partition assignments for partition {index}")
             by_index[index] = assigned_leader(node, index, assignment.broker_ids)
+        if len({len(a.broker_ids or ()) for a in topic.assignments}) > 1:
+            raise Refused(ErrorCode.invalid_replica_assignment,
+                          "All partitions should have the same number of replicas.")
         if sorted(by_index) != list(range(len(by_index))):
             raise Refused(ErrorCode.invalid_replica_assignment,
                           "partitions should be a consecutive 0-based integer sequence")
@@ -162,16 +165,21 @@ def check_replication_factor(node, replication_factor: int) -> None:
 
 
 def assigned_leader(node, index: int, broker_ids) -> int:
-    """The leader a manual assignment names: exactly one broker, and a live one."""
+    """The leader a manual assignment names: its first broker (Kafka's preferred leader).
+    The brokers must be distinct and registered, as in Kafka; the others hold no copy (one
+    copy, the leader's, made durable by the object store: see check_replication_factor)."""
     brokers = list(broker_ids or ())
-    if len(brokers) != 1:
+    if not brokers:
         raise Refused(ErrorCode.invalid_replica_assignment,
-                      f"The manual partition assignment for partition {index} lists "
-                      f"{len(brokers)} broker(s) {brokers}; Mink places each partition on "
-                      "exactly one broker.")
-    if brokers[0] not in node.view.brokers:
+                      f"The manual partition assignment for partition {index} is empty.")
+    if len(set(brokers)) != len(brokers):
         raise Refused(ErrorCode.invalid_replica_assignment,
-                      f"The manual partition assignment includes broker {brokers[0]}, but no "
+                      f"The manual partition assignment for partition {index} contains "
+                      f"duplicate broker IDs: {brokers}")
+    unknown = [b for b in brokers if b not in node.view.brokers]
+    if unknown:
+        raise Refused(ErrorCode.invalid_replica_assignment,
+                      f"The manual partition assignment includes broker(s) {unknown}, but no "
                       "such broker is registered.")
     return brokers[0]
 
