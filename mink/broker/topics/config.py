@@ -216,7 +216,8 @@ def altered_topic_config(current: dict[str, str],
             if setting is None or setting.type != "LIST":
                 raise InvalidConfig(f"{op} is only for list configs, not {key!r}")
             # a stored empty list is a value of its own (cleanup.policy: keep everything)
-            items = [i for i in out.get(key, setting.default).split(",") if i]
+            stored = out.get(key)
+            items = [i for i in (setting.default if stored is None else stored).split(",") if i]
             given = [i.strip() for i in (value or "").split(",") if i.strip()]
             if op == "APPEND":
                 items += [i for i in given if i not in items]
