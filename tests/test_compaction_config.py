@@ -80,6 +80,10 @@ def test_incremental_alter_appends_compact():
     assert altered["cleanup.policy"] == "compact"
     with pytest.raises(InvalidConfig):
         altered_topic_config(altered, [("APPEND", "cleanup.policy", "shred")])
+    # a SET of nothing (back to the default) then an APPEND in one request: from the default
+    assert altered_topic_config(altered, [("SET", "cleanup.policy", None),
+                                          ("APPEND", "cleanup.policy", "compact")]) == {
+        "cleanup.policy": "delete,compact"}
 
 
 # -- on a live node -----------------------------------------------------------------------------
