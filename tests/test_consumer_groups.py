@@ -209,17 +209,26 @@ def test_reconcile_drops_unsubscribed_topics_at_the_same_epoch():
 
 def heartbeat(conn, group_id, member_id, member_epoch, *, topics=None, owned=None,
               rebalance_timeout_ms=-1, server_assignor=None, instance_id=None):
-    """A raw ConsumerGroupHeartbeat v1; `owned` is [(topic id, [partitions])]."""
+    """A raw ConsumerGroupHeartbeat v1; `owned` is [(topic id, [partitions])]. Repeated
+    while the coordinator is still loading (a retriable error, as clients treat it: a node
+    just started may not have opened the group's offsets partition yet), bounded."""
     schema = load_request_schema(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1)
     tp_schema = nested(schema, "TopicPartitions")
-    return conn.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, build(
+    body = build(
         schema, group_id=group_id, member_id=member_id, member_epoch=member_epoch,
         instance_id=instance_id, rack_id=None,
         rebalance_timeout=datetime.timedelta(milliseconds=rebalance_timeout_ms),
         subscribed_topic_names=None if topics is None else tuple(topics),
         subscribed_topic_regex=None, server_assignor=server_assignor,
         topic_partitions=None if owned is None else tuple(
-            build(tp_schema, topic_id=t, partitions=tuple(ps)) for t, ps in owned)))
+            build(tp_schema, topic_id=t, partitions=tuple(ps)) for t, ps in owned))
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        response = conn.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, body)
+        if (response.error_code != ErrorCode.coordinator_load_in_progress
+                or time.monotonic() > deadline):
+            return response
+        time.sleep(0.05)
 
 
 def assigned(response) -> list[tuple[uuid.UUID, list[int]]]:
