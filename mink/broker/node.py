@@ -18,6 +18,7 @@ import trio_asyncio
 from mink import collector
 from mink.broker.admin.http import serve_admin
 from mink.broker.admin.metrics import node_metrics
+from mink.broker.broker_configs import BrokerConfigs
 from mink.broker.cluster.controlled_shutdown import serve_shutdown_requests
 from mink.broker.cluster.coordinator import ClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
@@ -92,6 +93,7 @@ class Node:
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
         self.quotas = QuotaManager(self)  # client quotas, read when the view moves
         self.authorizer = Authorizer(self)  # ACLs, read when the view moves (off by default)
+        self.broker_configs = BrokerConfigs(self)  # dynamic broker configs, likewise
         self.fetch_sessions = FetchSessionCache(  # KIP-227 incremental fetch sessions
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms / 1000)

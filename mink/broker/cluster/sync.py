@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -142,6 +142,8 @@ class PartitionSync:
         await self._apply_view_changes()
         await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
         await node.authorizer.refresh(node.view.version)  # ACLs, likewise
+        if await node.broker_configs.refresh(node.view.version):  # dynamic broker configs
+            await self._fold_topic_defaults()
         await self.sync_partitions()
         self._announce_change()
         node.coordinator.on_view(node.view)  # a node draining: the holder ticks at once
@@ -154,12 +156,13 @@ class PartitionSync:
         async with self._view_lock:
             base = node.view
             delta = await node.metadata.view_since(base.version)
+            defaults = node.broker_configs.topic_defaults
             brokers = _brokers(delta.nodes)
             listed = self._listed(brokers)
             if not delta.complete:
                 node.view = ClusterView(
                     version=delta.version, cluster_id=delta.cluster_id, brokers=brokers,
-                    topics={t.name: _topic_info(t) for t in delta.topics},
+                    topics={t.name: _topic_info(t, defaults) for t in delta.topics},
                     coordinator=delta.coordinator, listed_brokers=listed)
                 self._all_dirty = True
                 return
@@ -167,7 +170,7 @@ class PartitionSync:
                     and delta.coordinator == base.coordinator
                     and listed == base.listed_brokers):
                 return
-            topics = [_topic_info(t) for t in delta.topics]
+            topics = [_topic_info(t, defaults) for t in delta.topics]
             for topic_id in delta.changed:
                 old = base.topic_by_id(topic_id)
                 if old is not None:
@@ -176,6 +179,18 @@ class PartitionSync:
                 self._dirty.update((topic.topic_id, p.index) for p in topic.partitions)
             node.view = base.with_changes(delta.version, brokers, delta.coordinator, listed,
                                           delta.changed, topics)
+
+    async def _fold_topic_defaults(self) -> None:
+        """Every topic of the view with this node's topic defaults as they now are (they
+        changed: a dynamic broker config). A new snapshot, so nothing computed from the old
+        one (its memo, the compaction lists) outlives it."""
+        node = self.node
+        async with self._view_lock:
+            defaults = node.broker_configs.topic_defaults
+            view = node.view
+            node.view = replace(
+                view, topics={name: t.with_defaults(defaults) for name, t in view.topics.items()},
+                memo={}, derived={})
 
     async def wait_for_change(self) -> None:
         """Until the view moves or this node opens partitions (callers bound the wait)."""
@@ -366,17 +381,18 @@ def _brokers(nodes: list[md.NodeInfo]) -> dict[int, BrokerInfo]:
             for n in nodes}
 
 
-def _topic_info(t: md.TopicView) -> TopicInfo:
+def _topic_info(t: md.TopicView, defaults: dict[str, str]) -> TopicInfo:
     return TopicInfo(t.topic_id, t.name, tuple(
         PartitionInfo(p.partition, p.leader_node, p.leader_epoch) for p in t.partitions),
-        dict(t.config))
+        dict(t.config)).with_defaults(defaults)
 
 
-def view_from_snapshot(snapshot: md.View) -> ClusterView:
+def view_from_snapshot(snapshot: md.View, defaults: dict[str, str] | None = None,
+                       ) -> ClusterView:
     return ClusterView(
         version=snapshot.version,
         cluster_id=snapshot.cluster_id,
         brokers=_brokers(snapshot.nodes),
-        topics={t.name: _topic_info(t) for t in snapshot.topics},
+        topics={t.name: _topic_info(t, defaults or {}) for t in snapshot.topics},
         coordinator=snapshot.coordinator,
     )

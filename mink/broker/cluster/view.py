@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,24 @@ class TopicInfo:
     topic_id: uuid.UUID
     name: str
     partitions: tuple[PartitionInfo, ...]
+    # The settings in force: the topic's own values over the topic defaults of the dynamic
+    # broker configs that apply to this node (`with_defaults`). Readers use this one.
     config: dict = field(default_factory=dict)
+    # The topic's own values, when defaults were folded into `config` (None: `config` is).
+    own_config: dict | None = None
+
+    @property
+    def own(self) -> dict:
+        """The values set on the topic itself (DescribeConfigs' DYNAMIC_TOPIC_CONFIG)."""
+        return self.config if self.own_config is None else self.own_config
+
+    def with_defaults(self, defaults: dict) -> TopicInfo:
+        """This topic with `defaults` (topic setting -> value) under its own values."""
+        own = self.own
+        if not defaults:
+            return self if self.own_config is None else replace(self, config=own,
+                                                                 own_config=None)
+        return replace(self, config={**defaults, **own}, own_config=own)
 
 
 @dataclass(frozen=True, slots=True)

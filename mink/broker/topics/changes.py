@@ -60,12 +60,8 @@ async def change_topic_config(node, name: str,
 
 
 def refuse_non_topic(resource_type: int, name: str) -> tuple[ErrorCode, str]:
-    """Mink's broker settings come from the node's configuration file, environment and
-    flags; none can be changed at run time."""
-    if resource_type == BROKER:
-        return (ErrorCode.invalid_request,
-                f"broker {name or '(default)'}: Mink has no dynamically updatable broker "
-                f"configs; set them in the node's configuration (MINK_* or the TOML file)")
+    """Config resources that cannot be changed on Mink (broker configs are changed by
+    `mink/broker/broker_configs.py`)."""
     if resource_type == BROKER_LOGGER:
         return ErrorCode.invalid_request, "broker loggers cannot be changed on Mink"
     return ErrorCode.invalid_request, f"Unsupported resource type: {resource_type}"

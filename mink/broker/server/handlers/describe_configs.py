@@ -1,15 +1,23 @@
 """DescribeConfigs: a topic's settings (its own values, else the defaults) and this broker's.
 
-Topic settings are the ones Mink honours (topic_config.TOPIC_SETTINGS). Broker settings are
-read-only: they come from the node's configuration file, environment or flags.
+Topic settings are the ones Mink honours (topic_config.TOPIC_SETTINGS). Broker settings come
+from the node's configuration file, environment or flags, under the dynamic broker configs
+(`mink/broker/broker_configs.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from mink.broker.broker_configs import (
+    DEFAULT_RESOURCE,
+    DYNAMIC_DEFAULT_BROKER_CONFIG,
+    STATIC_ONLY,
+    TOPIC_DEFAULTS,
+)
 from mink.broker.config import Config
 from mink.broker.security.authorizer import DESCRIBE_CONFIGS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
@@ -42,9 +50,11 @@ class ConfigEntry:
 
 
 def topic_config_entries(config: dict[str, str], broker_config: Config | None = None,
+                         dynamic: Sequence[tuple[dict[str, str], int]] = ()
                          ) -> list[ConfigEntry]:
     """Every topic setting, sorted by name: the topic's own value (dynamic topic config),
-    else the cluster default from the node's configuration (static broker config, where it
+    else the broker's dynamic configs (`dynamic`: (configs, source), strongest first), else
+    the cluster default from the node's configuration (static broker config, where it
     differs from Kafka's default), else the default. Synonyms strongest first, as Kafka."""
     entries = []
     for name in sorted(TOPIC_SETTINGS):
@@ -54,6 +64,8 @@ def topic_config_entries(config: dict[str, str], broker_config: Config | None = 
         own = config.get(name)
         if own is not None:
             synonyms.append((name, str(own), DYNAMIC_TOPIC_CONFIG))
+        synonyms += [(broker_name, layer[broker_name], source)
+                     for layer, source in dynamic if broker_name in layer]
         static = broker_default(name, broker_config)
         if static is not None and static != setting.default:
             synonyms.append((broker_name, static, STATIC_BROKER_CONFIG))
@@ -81,7 +93,39 @@ def _listeners(config: Config) -> str:
 
 
 def broker_config_entries(node) -> list[ConfigEntry]:
-    """This node's settings under their Kafka names, sorted by name; all read-only."""
+    """This node's settings under their Kafka names, sorted by name: its dynamic configs
+    (its own, then the cluster default) over its static ones, as Kafka reports them. Those
+    Mink reads from its configuration are read-only; a dynamic config Mink has no setting
+    of is reported as set (a Kafka custom config)."""
+    entries = {e.name: e for e in _static_broker_entries(node)}
+    layers = node.broker_configs.layers()
+    for name in sorted({name for layer, _ in layers for name in layer}):
+        dynamic = tuple((name, layer[name], source) for layer, source in layers
+                        if name in layer)
+        base = entries.get(name)
+        if base is None:
+            topic_key = TOPIC_DEFAULTS.get(name)
+            type_ = TOPIC_SETTINGS[topic_key].type if topic_key else "STRING"
+            doc = (f"default {topic_key} of topics" if topic_key else
+                   "stored for Kafka tools; Mink has no such setting and does not act on it")
+            entries[name] = ConfigEntry(name, dynamic[0][1], dynamic[0][2], False, type_, doc,
+                                        dynamic)
+        else:
+            entries[name] = ConfigEntry(name, dynamic[0][1], dynamic[0][2], False, base.type,
+                                        base.doc, dynamic + base.synonyms)
+    return sorted(entries.values(), key=lambda e: e.name)
+
+
+def default_broker_config_entries(node) -> list[ConfigEntry]:
+    """The cluster-wide dynamic configs (resource name ''), as Kafka describes them."""
+    configs = node.broker_configs.stored.get(DEFAULT_RESOURCE, {})
+    return [ConfigEntry(name, value, DYNAMIC_DEFAULT_BROKER_CONFIG, False, "STRING", "",
+                        ((name, value, DYNAMIC_DEFAULT_BROKER_CONFIG),))
+            for name, value in sorted(configs.items())]
+
+
+def _static_broker_entries(node) -> list[ConfigEntry]:
+    """This node's settings from its configuration under their Kafka names."""
     config: Config = node.config
     host, port = node.advertised
 
@@ -148,12 +192,13 @@ def broker_config_entries(node) -> list[ConfigEntry]:
         if setting.broker_synonym:
             entries.append(fixed(setting.broker_synonym, setting.default, setting.type,
                                  f"default {name} of topics"))
-    return sorted(entries, key=lambda e: e.name)
+    return entries
 
 
 def _broker_entry(name: str, value: str | None, source: int, type_: str,
                   doc: str) -> ConfigEntry:
-    return ConfigEntry(name, value, source, True, type_, doc, ((name, value, source),))
+    return ConfigEntry(name, value, source, name in STATIC_ONLY, type_, doc,
+                       ((name, value, source),))
 
 
 def _text(value) -> str | None:
@@ -212,9 +257,12 @@ def _describe(node, resource) -> tuple[ErrorCode, str | None, list[ConfigEntry]]
         if topic is None:
             return (ErrorCode.unknown_topic_or_partition,
                     f"Topic '{name}' does not exist.", [])
-        return ErrorCode.none, None, topic_config_entries(topic.config, node.config)
+        return ErrorCode.none, None, topic_config_entries(topic.own, node.config,
+                                                          node.broker_configs.layers())
     if resource.resource_type == BROKER:
-        if name and name != str(node.node_id):
+        if name == DEFAULT_RESOURCE:
+            return ErrorCode.none, None, default_broker_config_entries(node)
+        if name != str(node.node_id):
             if not name.lstrip("-").isdigit():
                 return (ErrorCode.invalid_request,
                         f"Broker id must be an integer, but it is: {name}", [])

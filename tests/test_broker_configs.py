@@ -1,0 +1,268 @@
+"""Dynamic broker configs (KIP-226): AlterConfigs and IncrementalAlterConfigs on BROKER
+resources through stock clients, stored in PostgreSQL, described as Kafka describes them,
+and the broker synonyms of topic settings taken as the defaults of topics without their own
+value, on every node."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from mink.protocol.apis import ApiKey
+from mink.protocol.messages import build, nested
+from tests.test_admin_apis import raw
+from tests.test_lifecycle import FAST, create_topic, produce_rows, wait_for_low
+
+TIMEOUT = 30
+BROKER = 4  # Kafka's ConfigResource.Type
+DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+
+
+def admin(address: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": address})
+
+
+OPS = {"SET": 0, "DELETE": 1, "APPEND": 2, "SUBTRACT": 3}
+
+
+def alter(client, resource_name: str, *ops, validate_only: bool = False) -> int | None:
+    """IncrementalAlterConfigs of one BROKER resource through confluent-kafka: ops are
+    (name, op, value), op one of SET, DELETE, APPEND, SUBTRACT. None on success, else the
+    error code. (librdkafka refuses the cluster default's empty name: `raw_alter`.)"""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    resource = ConfigResource(ResourceType.BROKER, resource_name, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType[op])
+        for name, op, value in ops])
+    future = client.incremental_alter_configs([resource],
+                                              validate_only=validate_only)[resource]
+    try:
+        future.result(timeout=TIMEOUT)
+        return None
+    except KafkaException as exc:
+        return exc.args[0].code()
+
+
+def raw_alter(address: str, resource_name: str, *configs, incremental: bool = True,
+              validate_only: bool = False) -> tuple[int, str | None]:
+    """(IncrementalAlterConfigs or AlterConfigs) of one BROKER resource in raw protocol:
+    configs are (name, op, value) or, not incremental, (name, value)."""
+    api = ApiKey.INCREMENTAL_ALTER_CONFIGS if incremental else ApiKey.ALTER_CONFIGS
+
+    def body(schema):
+        config_schema = nested(schema, "AlterableConfig")
+        entries = tuple(
+            config_schema(name=c[0], config_operation=OPS[c[1]], value=c[2]) if incremental
+            else config_schema(name=c[0], value=c[1]) for c in configs)
+        return build(schema, validate_only=validate_only, resources=(
+            nested(schema, "AlterConfigsResource")(
+                resource_type=BROKER, resource_name=resource_name, configs=entries),))
+
+    _, response = raw(address, api, body)
+    (result,) = response.responses
+    return result.error_code, result.error_message
+
+
+def raw_describe(address: str, resource_name: str) -> dict[str, tuple[str | None, int]]:
+    """DescribeConfigs of one BROKER resource in raw protocol: name -> (value, source)."""
+    def body(schema):
+        return build(schema, include_synonyms=True, include_documentation=False, resources=(
+            nested(schema, "DescribeConfigsResource")(
+                resource_type=BROKER, resource_name=resource_name, configuration_keys=None),))
+
+    _, response = raw(address, ApiKey.DESCRIBE_CONFIGS, body)
+    (result,) = response.results
+    assert result.error_code == ErrorCode.none, result.error_message
+    return {c.name: (c.value, c.config_source) for c in result.configs}
+
+
+def describe(client, resource_name: str) -> dict:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.BROKER, resource_name)
+    return client.describe_configs([resource])[resource].result(timeout=TIMEOUT)
+
+
+async def test_incremental_alter_configs_of_a_broker_and_of_the_cluster_default(node):
+    from confluent_kafka.admin import ConfigSource
+
+    def scenario():
+        client = admin(node)
+        # what librdkafka's own test (0081) and kafkajs's set: a config Mink has no use
+        # for is kept and described, as Kafka keeps custom broker configs
+        assert alter(client, "1", ("sasl.kerberos.min.time.before.relogin", "SET", "58000"),
+                     ("background.threads", "SET", "9"),
+                     ("log.cleanup.policy", "APPEND", "compact")) is None
+        assert raw_alter(node, "", ("log.retention.ms", "SET", "86400000")) == (0, None)
+        mine, default = describe(client, "1"), raw_describe(node, "")
+
+        kerberos = mine["sasl.kerberos.min.time.before.relogin"]
+        assert (kerberos.value, kerberos.source, kerberos.is_read_only) == (
+            "58000", ConfigSource.DYNAMIC_BROKER_CONFIG.value, False)
+        policy = mine["log.cleanup.policy"]  # APPEND starts from Kafka's default
+        assert (policy.value, policy.source) == ("delete,compact",
+                                                 ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+        retention = mine["log.retention.ms"]
+        assert (retention.value, retention.source) == (
+            "86400000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+        assert mine["broker.id"].is_read_only and mine["broker.id"].value == "1"
+        # the cluster default holds only what was set at its level
+        assert default == {"log.retention.ms": ("86400000", DYNAMIC_DEFAULT_BROKER_CONFIG)}
+
+        # SUBTRACT and DELETE: back to what was there
+        assert alter(client, "1", ("log.cleanup.policy", "SUBTRACT", "compact"),
+                     ("background.threads", "DELETE", None)) is None
+        assert raw_alter(node, "", ("log.retention.ms", "DELETE", None)) == (0, None)
+        after = describe(client, "1")
+        assert after["log.cleanup.policy"].value == "delete"
+        assert "background.threads" not in after
+        assert (after["log.retention.ms"].value, after["log.retention.ms"].source) == (
+            str(7 * 24 * 3600 * 1000), ConfigSource.DEFAULT_CONFIG.value)
+        assert raw_describe(node, "") == {}
+
+        # validate_only stores nothing
+        assert alter(client, "1", ("log.retention.bytes", "SET", "5"),
+                     validate_only=True) is None
+        assert describe(client, "1")["log.retention.bytes"].value == "-1"
+
+    await trio.to_thread.run_sync(scenario)
+
+
+async def test_broker_configs_mink_cannot_change_are_refused_and_nothing_is_stored(node):
+    def scenario():
+        client = admin(node)
+        refused = [
+            alter(client, "1", ("node.id", "SET", "7")),  # from the node's configuration
+            raw_alter(node, "", ("num.partitions", "SET", "3"),
+                      ("log.retention.ms", "SET", "1"))[0],  # the request whole, not half
+            alter(client, "1", ("log.retention.ms", "SET", "an hour")),
+            alter(client, "1", ("log.cleanup.policy", "SET", "shred")),
+            alter(client, "1", ("background.threads", "APPEND", "1")),  # not a list
+            raw_alter(node, "one", ("background.threads", "SET", "1"))[0],
+        ]
+        return refused, describe(client, "1")
+
+    refused, described = await trio.to_thread.run_sync(scenario)
+    assert refused == [ErrorCode.invalid_request] * 4 + [
+        ErrorCode.invalid_config, ErrorCode.invalid_request]
+    assert described["node.id"].value == "1"
+    assert described["log.retention.ms"].value == str(7 * 24 * 3600 * 1000)
+    assert "background.threads" not in described
+
+
+async def test_alter_configs_replaces_a_brokers_configs_whole(node):
+    """AlterConfigs (the API before KIP-339): keys left out go back to their defaults."""
+    def scenario():
+        first = raw_alter(node, "1", ("background.threads", "9"),
+                          ("log.retention.bytes", "1000000"), incremental=False)
+        second = raw_alter(node, "1", ("num.io.threads", "4"), incremental=False)
+        return first, second, raw_describe(node, "1")
+
+    first, second, described = await trio.to_thread.run_sync(scenario)
+    assert first == second == (0, None)
+    assert described["num.io.threads"] == ("4", 2)  # DYNAMIC_BROKER_CONFIG
+    assert "background.threads" not in described
+    assert described["log.retention.bytes"] == ("-1", 5)  # DEFAULT_CONFIG
+
+
+async def test_kafka_python_alters_and_describes_broker_configs(node):
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    def scenario():
+        client = KafkaAdminClient(bootstrap_servers=node, request_timeout_ms=TIMEOUT * 1000)
+        try:
+            outcome = [client.alter_configs([ConfigResource(
+                ConfigResourceType.BROKER, "1", configs={"log.retention.bytes": "2000000"})],
+                incremental=incremental) for incremental in (True, False)]
+            described = client.describe_configs([ConfigResource(ConfigResourceType.BROKER,
+                                                                "1")])
+            return outcome, described
+        finally:
+            client.close()
+
+    outcome, described = await trio.to_thread.run_sync(scenario)
+    assert outcome == [{"broker": {"1": "OK"}}] * 2
+    entry = described["broker"]["1"]["log.retention.bytes"]
+    assert (entry["value"], entry["config_source"], entry["read_only"]) == (
+        "2000000", "DYNAMIC_BROKER_CONFIG", False)
+
+
+async def test_a_cluster_default_reaches_every_node_and_applies_to_topics_without_their_own(
+        mink_postgres):
+    """log.retention.ms set at the cluster default, through node 1: node 2 describes it
+    within a sync and applies it to the topic it leads that has no retention.ms of its own;
+    a topic with its own keeps it. Deleted again, the topic's describe is back to the
+    default."""
+    from confluent_kafka.admin import ConfigResource, ConfigSource
+
+    from mink.testing import open_cluster
+
+    async with open_cluster(2, mink_postgres, proxy=False, **FAST) as cluster:
+        one, two = cluster.node(1).bootstrap, cluster.node(2).bootstrap
+
+        def scenario():
+            for name in ("inherits", "keeps"):
+                extra = {"retention_ms": 3_600_000} if name == "keeps" else {}
+                create_topic(one, name, partitions=2, **extra)
+                produce_rows(one, name, [b"a", b"b"], partition=0)
+                produce_rows(one, name, [b"c", b"d"], partition=1)
+            assert raw_alter(one, "", ("log.retention.ms", "SET", "1000")) == (0, None)
+
+            deadline = time.monotonic() + TIMEOUT
+            while raw_describe(two, "2")["log.retention.ms"][0] != "1000":
+                assert time.monotonic() < deadline, "node 2 never saw the cluster default"
+                time.sleep(0.2)
+            # both partitions (spread over the two nodes) lose their records to retention
+            assert wait_for_low(two, "inherits", 2, partition=0) == (2, 2)
+            assert wait_for_low(two, "inherits", 2, partition=1) == (2, 2)
+            resource = ConfigResource("topic", "inherits")
+            client = admin(two)  # kept referenced: a dropped one cancels its futures
+            entry = client.describe_configs([resource])[resource].result(
+                timeout=TIMEOUT)["retention.ms"]
+            assert (entry.value, entry.source) == (
+                "1000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+
+            assert raw_alter(two, "", ("log.retention.ms", "DELETE", None)) == (0, None)
+            entry = client.describe_configs([resource])[resource].result(
+                timeout=TIMEOUT)["retention.ms"]
+            assert entry.source == ConfigSource.DEFAULT_CONFIG.value
+            # the topic with its own retention kept everything throughout
+            return [wait_for_low(one, "keeps", 0, partition=p) for p in (0, 1)]
+
+        assert await trio.to_thread.run_sync(scenario) == [(0, 2), (0, 2)]
+
+
+async def test_a_cluster_default_cleanup_policy_compacts_topics_without_their_own(node):
+    """log.cleanup.policy=compact at the cluster default: a topic without its own policy is
+    compacted, so a record without a key is refused (INVALID_RECORD, as Kafka refuses it);
+    a topic with its own policy is not; deleted again, the keyless record is taken."""
+    def produce_keyless(topic: str):
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": node, "linger.ms": 0, "retries": 0})
+        outcome = []
+        producer.produce(topic, value=b"no key",
+                         on_delivery=lambda err, msg: outcome.append(err.code() if err else
+                                                                     msg.offset()))
+        assert producer.flush(TIMEOUT) == 0
+        return outcome[0]
+
+    def scenario():
+        create_topic(node, "inherits")
+        create_topic(node, "own", cleanup_policy="delete")
+        assert raw_alter(node, "", ("log.cleanup.policy", "SET", "compact")) == (0, None)
+        refused = [produce_keyless("inherits"), produce_keyless("own")]
+        assert raw_alter(node, "", ("log.cleanup.policy", "DELETE", None)) == (0, None)
+        return refused + [produce_keyless("inherits")]
+
+    assert await trio.to_thread.run_sync(scenario) == [ErrorCode.invalid_record, 0, 0]
