@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build, nested
-from tests.test_admin_apis import raw
+from tests.test_admin_apis import create_request, raw
 from tests.test_lifecycle import FAST, create_topic, produce_rows, wait_for_low
 
 TIMEOUT = 30
@@ -262,6 +262,12 @@ async def test_a_cluster_default_cleanup_policy_compacts_topics_without_their_ow
         create_topic(node, "own", cleanup_policy="delete")
         assert raw_alter(node, "", ("log.cleanup.policy", "SET", "compact")) == (0, None)
         refused = [produce_keyless("inherits"), produce_keyless("own")]
+        # a topic created now is told so in CreateTopics' answer (v5+: its configs)
+        _, created = raw(node, ApiKey.CREATE_TOPICS, create_request(
+            {"name": "created-after", "partitions": 1}))
+        (result,) = created.topics
+        assert {c.name: (c.value, c.config_source) for c in result.configs}[
+            "cleanup.policy"] == ("compact", DYNAMIC_DEFAULT_BROKER_CONFIG)
         assert raw_alter(node, "", ("log.cleanup.policy", "DELETE", None)) == (0, None)
         return refused + [produce_keyless("inherits")]
 

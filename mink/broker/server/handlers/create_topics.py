@@ -83,7 +83,8 @@ async def handle(node, ctx, request):
             if not request.validate_only:
                 topic_id = await create_topic(node, plan)
                 created.append(name)
-            results[name] = _created(schema, plan, topic_id, node.config)
+            results[name] = _created(schema, plan, topic_id, node.config,
+                                     node.broker_configs.layers())
         except Refused as refused:
             results[name] = _refused(schema, name, refused)
     if created:  # one view refresh for the request, not one per topic
@@ -235,14 +236,14 @@ async def create_topic(node, plan: Plan) -> uuid.UUID:
     return created.topic_id
 
 
-def _created(schema, plan: Plan, topic_id: uuid.UUID, broker_config=None):
+def _created(schema, plan: Plan, topic_id: uuid.UUID, broker_config=None, dynamic=()):
     configs = ()
     if schema.__version__ >= 5:  # the resulting configs are part of the answer from v5
         config_schema = nested(schema, "CreatableTopicConfigs")
         configs = tuple(
             config_schema(name=e.name, value=e.value, read_only=e.read_only,
                           config_source=e.source, is_sensitive=False)
-            for e in topic_config_entries(plan.configs, broker_config))
+            for e in topic_config_entries(plan.configs, broker_config, dynamic))
     return build(nested(schema, "CreatableTopicResult"), name=plan.name, topic_id=topic_id,
                  error_code=ErrorCode.none, error_message=None,
                  num_partitions=plan.partitions, replication_factor=1, configs=configs)
