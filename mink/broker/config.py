@@ -166,6 +166,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # group.consumer.assignors (comma-separated, the first is the default).
     group_consumer_heartbeat_interval_ms: int = 5000
     group_consumer_session_timeout_ms: int = 45000
+    # The bounds of a group's own consumer.session.timeout.ms and
+    # consumer.heartbeat.interval.ms (IncrementalAlterConfigs on a GROUP), Kafka's defaults.
+    group_consumer_min_session_timeout_ms: int = 45000
+    group_consumer_max_session_timeout_ms: int = 60000
+    group_consumer_min_heartbeat_interval_ms: int = 5000
+    group_consumer_max_heartbeat_interval_ms: int = 15000
     group_consumer_assignors: str = "uniform,range"
     # Committed offsets expire (KIP-211) offsets.retention.minutes after their group became
     # Empty (by commit time for groups no member ever joined), checked every

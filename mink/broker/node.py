@@ -18,7 +18,6 @@ import trio_asyncio
 from mink import collector
 from mink.broker.admin.http import serve_admin
 from mink.broker.admin.metrics import node_metrics
-from mink.broker.broker_configs import BrokerConfigs
 from mink.broker.cluster.controlled_shutdown import serve_shutdown_requests
 from mink.broker.cluster.coordinator import ClusterCoordinator
 from mink.broker.cluster.leases import BackgroundLeases
@@ -30,6 +29,7 @@ from mink.broker.cluster.sync import PartitionSync
 from mink.broker.cluster.tiering import TieringWorker
 from mink.broker.cluster.view import ClusterView, TopicInfo
 from mink.broker.config import Config
+from mink.broker.dynamic_configs import DynamicConfigs
 from mink.broker.groups.coordinator import GroupCoordinator
 from mink.broker.logs import bind_node
 from mink.broker.quotas.manager import QuotaManager
@@ -88,12 +88,13 @@ class Node:
         self.tiering = TieringWorker(self)  # WAL objects into stream objects (coordinator)
         self.cleaner = LogCleaner(self)  # compaction of compacted topics (writer leases)
         self.tablets = TabletKeeper(self)  # KV tablets of the compacted partitions it leads
+        # broker and group configs, read when the view moves (as quotas and ACLs are)
+        self.dynamic_configs = DynamicConfigs(self)
         self.groups = GroupCoordinator(self)  # the consumer group coordinator
         self.transactions = TransactionCoordinator(self)  # transactional ids
         self.markers = MarkerWriter(self)  # transaction markers of the partitions it leads
         self.quotas = QuotaManager(self)  # client quotas, read when the view moves
         self.authorizer = Authorizer(self)  # ACLs, read when the view moves (off by default)
-        self.broker_configs = BrokerConfigs(self)  # dynamic broker configs, likewise
         self.fetch_sessions = FetchSessionCache(  # KIP-227 incremental fetch sessions
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms / 1000)

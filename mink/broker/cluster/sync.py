@@ -142,7 +142,7 @@ class PartitionSync:
         await self._apply_view_changes()
         await node.quotas.refresh(node.view.version)  # client quotas, when the view moved
         await node.authorizer.refresh(node.view.version)  # ACLs, likewise
-        if await node.broker_configs.refresh(node.view.version):  # dynamic broker configs
+        if await node.dynamic_configs.refresh(node.view.version):  # dynamic broker configs
             await self._fold_topic_defaults()
         await self.sync_partitions()
         self._announce_change()
@@ -156,7 +156,7 @@ class PartitionSync:
         async with self._view_lock:
             base = node.view
             delta = await node.metadata.view_since(base.version)
-            defaults = node.broker_configs.topic_defaults
+            defaults = node.dynamic_configs.topic_defaults
             brokers = _brokers(delta.nodes)
             listed = self._listed(brokers)
             if not delta.complete:
@@ -186,7 +186,7 @@ class PartitionSync:
         one (its memo, the compaction lists) outlives it."""
         node = self.node
         async with self._view_lock:
-            defaults = node.broker_configs.topic_defaults
+            defaults = node.dynamic_configs.topic_defaults
             view = node.view
             node.view = replace(
                 view, topics={name: t.with_defaults(defaults) for name, t in view.topics.items()},

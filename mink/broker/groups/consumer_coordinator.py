@@ -11,8 +11,10 @@ Semantics follow Kafka's GroupMetadataManager (4.0) with online migration disabl
   count bumps the group epoch; the next heartbeat computes the target assignment with the
   group's assignor (`assignors.py`) and every member reconciles towards it
   (`reconciliation.py`), revoking before anything is assigned elsewhere.
-- The broker sets the heartbeat interval and session timeout
-  (`group_consumer_heartbeat_interval_ms`, `group_consumer_session_timeout_ms`); a member
+- The broker sets the heartbeat interval and session timeout (a group's own
+  `consumer.heartbeat.interval.ms` and `consumer.session.timeout.ms`, set with
+  IncrementalAlterConfigs on the GROUP and read at every heartbeat, else the node's
+  `group_consumer_heartbeat_interval_ms`, `group_consumer_session_timeout_ms`); a member
   whose session lapses, or that holds partitions to revoke past its rebalance timeout, is
   fenced and its partitions move.
 - A group id held by a classic group with members answers GROUP_ID_NOT_FOUND ("not a
@@ -88,11 +90,14 @@ class ConsumerGroupCoordinator:
     def __init__(self, coordinator) -> None:
         self.coordinator = coordinator
         config = coordinator.node.config
-        self.heartbeat_interval_ms = config.group_consumer_heartbeat_interval_ms
-        self.session_timeout_ms = config.group_consumer_session_timeout_ms
+        # a group's own consumer.*.ms (IncrementalAlterConfigs on a GROUP), else these
+        self.configs = coordinator.node.dynamic_configs
         self.assignors = [a.strip() for a in config.group_consumer_assignors.split(",")
                           if a.strip() in ASSIGNORS] or ["uniform"]
         self.groups: dict[str, ConsumerGroup] = {}
+
+    def session_timeout_ms(self, group_id: str) -> int:
+        return self.configs.group_setting(group_id, "consumer.session.timeout.ms")
 
     # -- the heartbeat -------------------------------------------------------------------------
 
@@ -273,7 +278,8 @@ class ConsumerGroupCoordinator:
         self._reconcile(group, member, owned_set)
         self._touch(group, member)
         result = HeartbeatResult(member_id=member_id, member_epoch=member.member_epoch,
-                                 heartbeat_interval_ms=self.heartbeat_interval_ms)
+                                 heartbeat_interval_ms=self.configs.group_setting(
+                                     group_id, "consumer.heartbeat.interval.ms"))
         full = (rebalance_timeout_ms != -1 and subscribed_topic_names is not None
                 and owned is not None)
         if member_epoch == JOIN_EPOCH or full or member.assigned != before:
@@ -431,7 +437,8 @@ class ConsumerGroupCoordinator:
     # -- timers --------------------------------------------------------------------------------
 
     def _touch(self, group: ConsumerGroup, member: ConsumerGroupMember) -> None:
-        member.expires_at = trio.current_time() + self.session_timeout_ms / 1000
+        timeout_ms = self.session_timeout_ms(group.group_id)
+        member.expires_at = trio.current_time() + timeout_ms / 1000
         if member.expires_at < member.timer_at:
             self._arm(group, member, member.expires_at)
 

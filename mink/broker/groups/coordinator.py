@@ -947,7 +947,7 @@ class GroupCoordinator:
                                                          api_version)
             if error is not None:
                 return every(error)
-            session_ms = self.consumer.session_timeout_ms
+            session_ms = self.consumer.session_timeout_ms(group_id)
         else:
             group = self.groups.get(group_id)
             if group is None:

@@ -61,7 +61,8 @@ TOPIC = ResourceType.TOPIC
 GROUP = ResourceType.GROUP
 CLUSTER = ResourceType.CLUSTER
 TRANSACTIONAL_ID = ResourceType.TRANSACTIONAL_ID
-CONFIG_TOPIC = 2  # Kafka's ConfigResource.Type: TOPIC 2, BROKER 4, BROKER_LOGGER 8
+CONFIG_TOPIC = 2  # Kafka's ConfigResource.Type: TOPIC 2, BROKER 4, BROKER_LOGGER 8, GROUP 32
+CONFIG_GROUP = 32
 
 CLUSTER_ACTION = AclOperation.CLUSTER_ACTION
 
@@ -137,11 +138,16 @@ class Authorizer:
     def config_refusal(self, ctx, operation: int, resource_type: int,
                        name: str) -> tuple[ErrorCode, str] | None:
         """DescribeConfigs / AlterConfigs / IncrementalAlterConfigs: DESCRIBE_CONFIGS or
-        ALTER_CONFIGS on the topic, or on the cluster for a broker (or broker logger)."""
+        ALTER_CONFIGS on the topic or the group, or on the cluster for a broker (or broker
+        logger)."""
         if resource_type == CONFIG_TOPIC:
             if not self.topic(ctx, operation, name):
                 return (ErrorCode.topic_authorization_failed,
                         "Topic authorization failed.")
+        elif resource_type == CONFIG_GROUP:
+            if not self.group(ctx, operation, name):
+                return (ErrorCode.group_authorization_failed,
+                        "Group authorization failed.")
         elif not self.cluster(ctx, operation):
             return ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
         return None

@@ -18,7 +18,7 @@ from mink.storage.lifecycle.store import ConfigChanged, alter_topic_config, topi
 log = logging.getLogger(__name__)
 
 # Kafka's ConfigResource.Type.
-TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+TOPIC, BROKER_LOGGER = 2, 8
 
 _ATTEMPTS = 5
 
@@ -61,7 +61,7 @@ async def change_topic_config(node, name: str,
 
 def refuse_non_topic(resource_type: int, name: str) -> tuple[ErrorCode, str]:
     """Config resources that cannot be changed on Mink (broker configs are changed by
-    `mink/broker/broker_configs.py`)."""
+    `mink/broker/dynamic_configs.py`)."""
     if resource_type == BROKER_LOGGER:
         return ErrorCode.invalid_request, "broker loggers cannot be changed on Mink"
     return ErrorCode.invalid_request, f"Unsupported resource type: {resource_type}"

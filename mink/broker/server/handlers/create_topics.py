@@ -84,7 +84,7 @@ async def handle(node, ctx, request):
                 topic_id = await create_topic(node, plan)
                 created.append(name)
             results[name] = _created(schema, plan, topic_id, node.config,
-                                     node.broker_configs.layers())
+                                     node.dynamic_configs.layers())
         except Refused as refused:
             results[name] = _refused(schema, name, refused)
     if created:  # one view refresh for the request, not one per topic

@@ -2,7 +2,7 @@
 
 Topic settings are the ones Mink honours (topic_config.TOPIC_SETTINGS). Broker settings come
 from the node's configuration file, environment or flags, under the dynamic broker configs
-(`mink/broker/broker_configs.py`).
+(`mink/broker/dynamic_configs.py`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.broker_configs import (
+from mink.broker.dynamic_configs import (
     DEFAULT_RESOURCE,
     DYNAMIC_DEFAULT_BROKER_CONFIG,
+    GROUP,
+    GROUP_CONFIG,
+    GROUP_DOCS,
+    GROUP_SETTINGS,
     STATIC_ONLY,
     TOPIC_DEFAULTS,
 )
@@ -98,7 +102,7 @@ def broker_config_entries(node) -> list[ConfigEntry]:
     Mink reads from its configuration are read-only; a dynamic config Mink has no setting
     of is reported as set (a Kafka custom config)."""
     entries = {e.name: e for e in _static_broker_entries(node)}
-    layers = node.broker_configs.layers()
+    layers = node.dynamic_configs.layers()
     for name in sorted({name for layer, _ in layers for name in layer}):
         dynamic = tuple((name, layer[name], source) for layer, source in layers
                         if name in layer)
@@ -118,10 +122,24 @@ def broker_config_entries(node) -> list[ConfigEntry]:
 
 def default_broker_config_entries(node) -> list[ConfigEntry]:
     """The cluster-wide dynamic configs (resource name ''), as Kafka describes them."""
-    configs = node.broker_configs.stored.get(DEFAULT_RESOURCE, {})
+    configs = node.dynamic_configs.broker(DEFAULT_RESOURCE)
     return [ConfigEntry(name, value, DYNAMIC_DEFAULT_BROKER_CONFIG, False, "STRING", "",
                         ((name, value, DYNAMIC_DEFAULT_BROKER_CONFIG),))
             for name, value in sorted(configs.items())]
+
+
+def group_config_entries(node, group_id: str) -> list[ConfigEntry]:
+    """A group's configs: its own (group config), else the node's (default config), as
+    Kafka describes a group whether it exists or not."""
+    own = node.dynamic_configs.group(group_id)
+    entries = []
+    for name in sorted(GROUP_SETTINGS):
+        default = str(getattr(node.config, GROUP_SETTINGS[name][0]))
+        synonyms = ((name, own[name], GROUP_CONFIG),) if name in own else ()
+        synonyms += ((name, default, DEFAULT_CONFIG),)
+        entries.append(ConfigEntry(name, synonyms[0][1], synonyms[0][2], False, "INT",
+                                   GROUP_DOCS[name], synonyms))
+    return entries
 
 
 def _static_broker_entries(node) -> list[ConfigEntry]:
@@ -258,7 +276,7 @@ def _describe(node, resource) -> tuple[ErrorCode, str | None, list[ConfigEntry]]
             return (ErrorCode.unknown_topic_or_partition,
                     f"Topic '{name}' does not exist.", [])
         return ErrorCode.none, None, topic_config_entries(topic.own, node.config,
-                                                          node.broker_configs.layers())
+                                                          node.dynamic_configs.layers())
     if resource.resource_type == BROKER:
         if name == DEFAULT_RESOURCE:
             return ErrorCode.none, None, default_broker_config_entries(node)
@@ -270,6 +288,10 @@ def _describe(node, resource) -> tuple[ErrorCode, str | None, list[ConfigEntry]]
                     f"Unexpected broker id, expected {node.node_id} or empty string, "
                     f"but received {name}", [])
         return ErrorCode.none, None, broker_config_entries(node)
+    if resource.resource_type == GROUP:
+        if not name:
+            return ErrorCode.invalid_request, "Group id must not be empty", []
+        return ErrorCode.none, None, group_config_entries(node, name)
     if resource.resource_type == BROKER_LOGGER:
         return ErrorCode.invalid_request, "broker loggers are not described by Mink", []
     return (ErrorCode.invalid_request,

@@ -1,13 +1,13 @@
 """IncrementalAlterConfigs (API 44): SET, DELETE, APPEND, SUBTRACT on a topic's settings or
-a broker's dynamic configs. The changes themselves are `mink/broker/topics/changes.py` and
-`mink/broker/broker_configs.py`."""
+on a broker's or a group's dynamic configs. The changes themselves are
+`mink/broker/topics/changes.py` and `mink/broker/dynamic_configs.py`."""
 
 from __future__ import annotations
 
-from mink.broker.broker_configs import altered_broker_config
+from mink.broker.dynamic_configs import DYNAMIC, altered_config, validator
 from mink.broker.security.authorizer import ALTER_CONFIGS
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.topics.changes import BROKER, TOPIC, change_topic_config, refuse_non_topic
+from mink.broker.topics.changes import TOPIC, change_topic_config, refuse_non_topic
 from mink.broker.topics.config import InvalidConfig, altered_topic_config
 from mink.protocol.messages import build, nested, response_schema
 
@@ -25,12 +25,13 @@ async def handle(node, ctx, request):
                                                  resource.resource_name)
         if refused:
             error, message = refused
-        elif resource.resource_type == BROKER:
+        elif resource.resource_type in DYNAMIC:
             changes = [(OPERATIONS.get(c.config_operation), c.name, c.value)
                        for c in resource.configs]
-            error, message = await node.broker_configs.change(
-                resource.resource_name,
-                lambda current, changes=changes: altered_broker_config(current, changes),
+            validate = validator(resource.resource_type, node.config)
+            error, message = await node.dynamic_configs.change(
+                resource.resource_type, resource.resource_name,
+                lambda current, c=changes, v=validate: altered_config(current, c, v),
                 bool(request.validate_only))
         elif resource.resource_type != TOPIC:
             error, message = refuse_non_topic(resource.resource_type, resource.resource_name)

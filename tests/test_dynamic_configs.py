@@ -1,23 +1,35 @@
-"""Dynamic broker configs (KIP-226): AlterConfigs and IncrementalAlterConfigs on BROKER
-resources through stock clients, stored in PostgreSQL, described as Kafka describes them,
-and the broker synonyms of topic settings taken as the defaults of topics without their own
-value, on every node."""
+"""Dynamic configs: AlterConfigs and IncrementalAlterConfigs on BROKER resources (KIP-226)
+and GROUP resources (KIP-848) through stock clients, stored in PostgreSQL, described as Kafka
+describes them; the broker synonyms of topic settings taken as the defaults of topics
+without their own value, on every node; a group's session timeout and heartbeat interval
+taken by its coordinator."""
 
 from __future__ import annotations
 
+import datetime
 import time
 
+import pytest
 import trio
 from kio.schema.errors import ErrorCode
 
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build, nested
+from mink.client import BlockingKafkaClient
 from tests.test_admin_apis import create_request, raw
+from tests.test_consumer_groups import assigned, heartbeat
 from tests.test_lifecycle import FAST, create_topic, produce_rows, wait_for_low
 
 TIMEOUT = 30
 BROKER = 4  # Kafka's ConfigResource.Type
 DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+
+
+@pytest.fixture
+def node_settings() -> dict:
+    # a group's own session timeout and heartbeat interval may be short here
+    return dict(group_consumer_min_session_timeout_ms=1000,
+                group_consumer_min_heartbeat_interval_ms=100)
 
 
 def admin(address: str):
@@ -29,10 +41,12 @@ def admin(address: str):
 OPS = {"SET": 0, "DELETE": 1, "APPEND": 2, "SUBTRACT": 3}
 
 
-def alter(client, resource_name: str, *ops, validate_only: bool = False) -> int | None:
-    """IncrementalAlterConfigs of one BROKER resource through confluent-kafka: ops are
-    (name, op, value), op one of SET, DELETE, APPEND, SUBTRACT. None on success, else the
-    error code. (librdkafka refuses the cluster default's empty name: `raw_alter`.)"""
+def alter(client, resource_name: str, *ops, validate_only: bool = False,
+          kind: str = "BROKER") -> int | None:
+    """IncrementalAlterConfigs of one BROKER (or `kind`) resource through confluent-kafka:
+    ops are (name, op, value), op one of SET, DELETE, APPEND, SUBTRACT. None on success,
+    else the error code. (librdkafka refuses the cluster default's empty name:
+    `raw_alter`.)"""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (
         AlterConfigOpType,
@@ -41,7 +55,7 @@ def alter(client, resource_name: str, *ops, validate_only: bool = False) -> int 
         ResourceType,
     )
 
-    resource = ConfigResource(ResourceType.BROKER, resource_name, incremental_configs=[
+    resource = ConfigResource(ResourceType[kind], resource_name, incremental_configs=[
         ConfigEntry(name, value, incremental_operation=AlterConfigOpType[op])
         for name, op, value in ops])
     future = client.incremental_alter_configs([resource],
@@ -86,10 +100,10 @@ def raw_describe(address: str, resource_name: str) -> dict[str, tuple[str | None
     return {c.name: (c.value, c.config_source) for c in result.configs}
 
 
-def describe(client, resource_name: str) -> dict:
+def describe(client, resource_name: str, kind: str = "BROKER") -> dict:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    resource = ConfigResource(ResourceType.BROKER, resource_name)
+    resource = ConfigResource(ResourceType[kind], resource_name)
     return client.describe_configs([resource])[resource].result(timeout=TIMEOUT)
 
 
@@ -272,3 +286,65 @@ async def test_a_cluster_default_cleanup_policy_compacts_topics_without_their_ow
         return refused + [produce_keyless("inherits")]
 
     assert await trio.to_thread.run_sync(scenario) == [ErrorCode.invalid_record, 0, 0]
+
+
+async def test_group_configs_set_a_groups_session_timeout_and_heartbeat_interval(node):
+    """consumer.session.timeout.ms and consumer.heartbeat.interval.ms of one group (as
+    confluent-kafka's own test sets them): described as the group's, told to its members in
+    every heartbeat, and a member that stops heartbeating is expelled after the group's
+    timeout, not the node's (45 s, longer than this test waits)."""
+    def run():
+        client = admin(node)
+        assert alter(client, "g-configured", ("consumer.session.timeout.ms", "SET", "1500"),
+                     ("consumer.heartbeat.interval.ms", "SET", "400"), kind="GROUP") is None
+        described = describe(client, "g-configured", kind="GROUP")
+        assert sorted(str(e) for e in described.values() if not e.is_default) == [
+            'consumer.heartbeat.interval.ms="400"', 'consumer.session.timeout.ms="1500"']
+        other = describe(client, "g-other", kind="GROUP")  # any group id, as in Kafka
+        assert {n: (e.value, e.is_default) for n, e in other.items()} == {
+            "consumer.heartbeat.interval.ms": ("5000", True),
+            "consumer.session.timeout.ms": ("45000", True)}
+
+        create_topic(node, "grouped", partitions=4)
+        with BlockingKafkaClient(node, TIMEOUT) as conn:
+            a = heartbeat(conn, "g-configured", "member-a", 0, topics=["grouped"], owned=[],
+                          rebalance_timeout_ms=60_000)
+            assert a.heartbeat_interval == datetime.timedelta(milliseconds=400)
+            (topic_id, _), = assigned(a)
+            # member-a falls silent; member-b gets everything once a's 1.5 s session ends
+            started = time.monotonic()
+            b = heartbeat(conn, "g-configured", "member-b", 0, topics=["grouped"], owned=[],
+                          rebalance_timeout_ms=60_000)
+            epoch, mine = b.member_epoch, assigned(b)
+            while mine != [(topic_id, [0, 1, 2, 3])]:
+                assert time.monotonic() - started < TIMEOUT, "member-a was never expelled"
+                time.sleep(0.3)
+                b = heartbeat(conn, "g-configured", "member-b", epoch, owned=mine)
+                assert b.error_code == ErrorCode.none, b
+                epoch = b.member_epoch
+                if b.assignment is not None:
+                    mine = assigned(b)
+            return time.monotonic() - started
+
+    waited = await trio.to_thread.run_sync(run)
+    assert waited >= 1.0  # not before its session ended
+
+
+async def test_group_configs_out_of_bounds_or_unknown_are_refused(node):
+    def run():
+        client = admin(node)
+        return [
+            alter(client, "g", ("consumer.session.timeout.ms", "SET", "999"), kind="GROUP"),
+            alter(client, "g", ("consumer.session.timeout.ms", "SET", "60001"), kind="GROUP"),
+            alter(client, "g", ("consumer.session.timeout.ms", "SET", "2000"),
+                  ("consumer.heartbeat.interval.ms", "SET", "2000"), kind="GROUP"),
+            alter(client, "g", ("consumer.heartbeat.interval.ms", "SET", "soon"),
+                  kind="GROUP"),
+            alter(client, "g", ("share.record.lock.duration.ms", "SET", "30000"),
+                  kind="GROUP"),
+            alter(client, "g", ("consumer.session.timeout.ms", "APPEND", "1"), kind="GROUP"),
+        ], describe(client, "g", kind="GROUP")
+
+    refused, described = await trio.to_thread.run_sync(run)
+    assert refused == [ErrorCode.invalid_config] * 6
+    assert all(e.is_default for e in described.values())
