@@ -398,6 +398,14 @@ def _incremental_alter_configs(topic):
         configs=(config,)),), validate_only=True)
 
 
+def _group_config(group):
+    config = build(_n(44, 1, "AlterableConfig"), name="consumer.session.timeout.ms",
+                   config_operation=0, value="50000")
+    return _req(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, resources=(build(
+        _n(44, 1, "AlterConfigsResource"), resource_type=32, resource_name=group,
+        configs=(config,)),), validate_only=True)
+
+
 def _broker_configs():
     return _req(ApiKey.DESCRIBE_CONFIGS, 4, resources=(build(
         _n(32, 4, "DescribeConfigsResource"), resource_type=4, resource_name="1",
@@ -699,6 +707,10 @@ ROWS = [
     ("IncrementalAlterConfigs of a topic", _incremental_alter_configs("t-cfg2"),
      [("TOPIC", "t-cfg2", "ALTER_CONFIGS")], lambda r: int(r.responses[0].error_code),
      TOPIC_AUTH, 0),
+    # group configs: ALTER_CONFIGS on the group (Kafka's ConfigAdminManager)
+    ("IncrementalAlterConfigs of a group", _group_config("g-cfg"),
+     [("GROUP", "g-cfg", "ALTER_CONFIGS")], lambda r: int(r.responses[0].error_code),
+     GROUP_AUTH, 0),
     ("CreatePartitions alters", _create_partitions("t-grow"), [("TOPIC", "t-grow", "ALTER")],
      lambda r: int(r.results[0].error_code), TOPIC_AUTH, 0),
     ("DeleteRecords deletes", _delete_records("t-records"),
