@@ -252,6 +252,21 @@ def commit(conn, group_id, member_id, epoch, topic, partition, offset):
     return response.topics[0].partitions[0].error_code
 
 
+def txn_commit(conn, group_id, member_id, epoch, topic, partition, offset):
+    """A raw TxnOffsetCommit v3 from a producer id no transaction knows: the group checks
+    come first, so their errors show; past them the transaction's own."""
+    schema = load_request_schema(ApiKey.TXN_OFFSET_COMMIT, 3)
+    t_schema = nested(schema, "TxnOffsetCommitRequestTopic")
+    p_schema = nested(schema, "TxnOffsetCommitRequestPartition")
+    response = conn.call(ApiKey.TXN_OFFSET_COMMIT, 3, build(
+        schema, transactional_id="txn-raw", group_id=group_id, producer_id=4242,
+        producer_epoch=0, generation_id=epoch, member_id=member_id, group_instance_id=None,
+        topics=(build(t_schema, name=topic, partitions=(build(
+            p_schema, partition_index=partition, committed_offset=offset,
+            committed_leader_epoch=-1, committed_metadata=None),)),)))
+    return response.topics[0].partitions[0].error_code
+
+
 def create_topic(address, name, partitions):
     from mink.client import BlockingKafkaClient as Client
     with Client(address, TIMEOUT) as conn:
@@ -304,6 +319,14 @@ async def test_heartbeat_protocol_epochs_and_offset_commit_checks(node):
                 ErrorCode.stale_member_epoch)
             assert commit(conn, "g-raw", "nobody", 1, "kip848-raw", keep[0], 6) == (
                 ErrorCode.unknown_member_id)
+            # TxnOffsetCommit (KIP-447) checks the member epoch too, as Kafka does for a
+            # consumer group; past the group's checks, the unknown producer is refused
+            assert txn_commit(conn, "g-raw", "member-a", 2, "kip848-raw", keep[0], 6) == (
+                ErrorCode.stale_member_epoch)
+            assert txn_commit(conn, "g-raw", "nobody", 1, "kip848-raw", keep[0], 6) == (
+                ErrorCode.unknown_member_id)
+            assert txn_commit(conn, "g-raw", "member-a", 1, "kip848-raw", keep[0], 6) == (
+                ErrorCode.invalid_producer_id_mapping)
             # a revokes: it moves to epoch 2, then b gets the two freed partitions
             a = heartbeat(conn, "g-raw", "member-a", 1, owned=[(topic_id, keep)])
             assert a.member_epoch == 2

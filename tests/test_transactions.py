@@ -173,7 +173,10 @@ async def test_open_transaction_holds_the_lso_until_its_timeout_aborts_it(node):
     assert values(everything) == [b"after", b"left-open"]
 
 
-async def test_consume_transform_produce_with_offsets_in_the_transaction(node):
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+async def test_consume_transform_produce_with_offsets_in_the_transaction(node, protocol):
+    """With a classic group and with a KIP-848 consumer group (its member epoch is the
+    generation TxnOffsetCommit checks)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from tests.test_interop import confluent_produce
@@ -184,6 +187,7 @@ async def test_consume_transform_produce_with_offsets_in_the_transaction(node):
         confluent_produce(node, "ctp-in", [{"value": b"%d" % i, "partition": i % 3}
                                           for i in range(n)])
         consumer = Consumer({"bootstrap.servers": node, "group.id": "ctp",
+                             "group.protocol": protocol,
                              "enable.auto.commit": False, "auto.offset.reset": "earliest",
                              "isolation.level": "read_committed"})
         consumer.subscribe(["ctp-in"])

@@ -485,6 +485,23 @@ class ConsumerGroupCoordinator:
         self._touch(group, member)
         return None
 
+    def validate_transactional_offset_commit(self, group: ConsumerGroup, member_id: str,
+                                             member_epoch: int,
+                                             instance_id: str | None) -> ErrorCode | None:
+        """Kafka's ConsumerGroup.validateOffsetCommit for TxnOffsetCommit (KIP-447): the
+        member and its epoch are checked only when the client sends them; no version check,
+        and the member's session is not touched."""
+        if member_epoch < 0 and not group.members:
+            return None
+        if member_epoch < 0 and not member_id and instance_id is None:
+            return None
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if member_epoch != member.member_epoch:
+            return ErrorCode.stale_member_epoch
+        return None
+
     def validate_offset_fetch(self, group: ConsumerGroup, member_id: str | None,
                               member_epoch: int) -> ErrorCode | None:
         """Kafka's ConsumerGroup.validateOffsetFetch: only when a member id is given."""

@@ -1012,8 +1012,14 @@ class GroupCoordinator:
         error = self._status(group_id)
         if error:
             return error, None
+        consumer_group = self.consumer.groups.get(group_id)
         group = self.groups.get(group_id)
-        if group is not None and (generation >= 0 or member_id or group_instance_id):
+        if consumer_group is not None:  # a KIP-848 group: its member epoch is the generation
+            error = self.consumer.validate_transactional_offset_commit(
+                consumer_group, member_id or "", generation, group_instance_id)
+            if error is not None:
+                return error, None
+        elif group is not None and (generation >= 0 or member_id or group_instance_id):
             error = self._validate_offset_commit(group, generation, member_id or "",
                                                  group_instance_id)
             if error is not None:
