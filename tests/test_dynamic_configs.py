@@ -348,3 +348,56 @@ async def test_group_configs_out_of_bounds_or_unknown_are_refused(node):
     refused, described = await trio.to_thread.run_sync(run)
     assert refused == [ErrorCode.invalid_config] * 6
     assert all(e.is_default for e in described.values())
+
+
+def _mink(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "mink.cli", "configs", *args],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+async def test_mink_configs_alters_and_describes_brokers_groups_and_topics(node):
+    """`mink configs`, as `kafka-configs` is used: the brokers' cluster default, one broker,
+    a group and a topic; a list value in brackets; a refusal is one line and status 1."""
+    def run():
+        server = ("--bootstrap-server", node)
+        create_topic(node, "cli-topic")
+        steps = [
+            _mink("alter", *server, "--broker-default",
+                  "--add-config", "log.retention.ms=3600000,log.cleanup.policy=[delete,compact]"),
+            _mink("alter", *server, "--broker", "1", "--add-config", "log.retention.ms=60000"),
+            _mink("alter", *server, "--group", "cli-group",
+                  "--add-config", "consumer.heartbeat.interval.ms=6000"),
+            _mink("alter", *server, "--topic", "cli-topic", "--add-config", "retention.ms=1000"),
+        ]
+        described = [_mink("describe", *server, "--broker-default"),
+                     _mink("describe", *server, "--broker", "1"),
+                     _mink("describe", *server, "--group", "cli-group"),
+                     _mink("describe", *server, "--topic", "cli-topic")]
+        refused = _mink("alter", *server, "--broker", "1", "--add-config", "node.id=2")
+        removed = _mink("alter", *server, "--broker-default",
+                        "--delete-config", "log.retention.ms,log.cleanup.policy")
+        after = _mink("describe", *server, "--broker-default")
+        return steps, described, refused, removed, after
+
+    steps, described, refused, removed, after = await trio.to_thread.run_sync(run)
+    assert [s.returncode for s in steps] == [0] * 4, [s.stderr for s in steps]
+    assert steps[0].stdout == "Altered the configs of the cluster default of brokers.\n"
+    default, broker, group, topic = (d.stdout.splitlines() for d in described)
+    assert default == ["log.cleanup.policy=delete,compact (cluster default)",
+                       "log.retention.ms=3600000 (cluster default)"]
+    assert "log.retention.ms=60000 (broker)" in broker
+    assert "log.cleanup.policy=delete,compact (cluster default)" in broker
+    assert "node.id=1 (node configuration, read-only)" in broker
+    assert group == ["consumer.heartbeat.interval.ms=6000 (group)"]
+    # the topic's own value, and the cluster default it inherits
+    assert "retention.ms=1000 (topic)" in topic
+    assert "cleanup.policy=delete,compact (cluster default)" in topic
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("mink configs: cannot alter broker 1: INVALID_REQUEST: "
+                                     "Cannot update these configs dynamically: node.id")
+    assert removed.returncode == 0
+    assert after.stdout == "No configs of the cluster default of brokers differ from their " \
+                           "defaults.\n"

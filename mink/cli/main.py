@@ -7,7 +7,7 @@ import sys
 
 import mink
 from mink.broker.config import ConfigError, load_config
-from mink.cli import acls, cluster, dev, get, quotas, serve, topics, users
+from mink.cli import acls, cluster, configs, dev, get, quotas, serve, topics, users
 
 
 def _node_flags(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     topics.add_parser(commands)
     cluster.add_parser(commands)
+    configs.add_parser(commands)
     quotas.add_parser(commands)
     get.add_parser(commands)
     users.add_parser(commands)
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             return topics.run(args)
         if args.command == "cluster":
             return cluster.run(args)
+        if args.command == "configs":
+            return configs.run(args)
         if args.command == "quotas":
             return quotas.run(args)
         if args.command == "get":
