@@ -273,6 +273,35 @@ async def test_a_list_offsets_sent_behind_delete_records_sees_its_log_start(node
             assert (earliest.error_code, earliest.offset) == (0, offset)
 
 
+async def test_list_offsets_from_a_replica_id_is_answered_by_the_leader(node):
+    """ListOffsets with a replica id (>= 0, a follower's, or -2, a debug consumer's) is
+    answered from the leader's log as a consumer's is; it crashed the handler (an undefined
+    name), which closed the connection (kafka-python 3.1's own integration tests)."""
+    from kio.index import load_request_schema
+
+    from mink.client import KafkaClient
+    from mink.protocol.apis import ApiKey
+    from mink.protocol.messages import build, nested
+
+    await trio.to_thread.run_sync(create_topic, node, "lo-replica")
+    await trio.to_thread.run_sync(produce_rows, node, "lo-replica", [b"a", b"b", b"c"])
+    lists = load_request_schema(ApiKey.LIST_OFFSETS, 7)
+    answers = []
+    async with await KafkaClient.connect(node) as client:
+        for replica_id in (0, -2, -1):
+            for timestamp in (-2, -1):
+                body = build(lists, replica_id=replica_id, isolation_level=0, topics=(
+                    nested(lists, "ListOffsetsTopic")(name="lo-replica", partitions=(
+                        nested(lists, "ListOffsetsPartition")(
+                            partition_index=0, current_leader_epoch=-1,
+                            timestamp=timestamp),)),))
+                await client.send(ApiKey.LIST_OFFSETS, 7, body)
+                _, listed = await client.receive(ApiKey.LIST_OFFSETS, 7)
+                answer = listed.topics[0].partitions[0]
+                answers.append((replica_id, timestamp, answer.error_code, answer.offset))
+    assert answers == [(r, t, 0, 0 if t == -2 else 3) for r in (0, -2, -1) for t in (-2, -1)]
+
+
 async def test_delete_records_with_kafka_python(node):
     def scenario():
         from kafka import KafkaAdminClient, TopicPartition

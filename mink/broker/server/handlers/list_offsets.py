@@ -17,7 +17,11 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from mink.broker.server.handlers.api_versions import NO_THROTTLE
-from mink.broker.server.handlers.partitions import check_leader_epoch, locate_for_reading
+from mink.broker.server.handlers.partitions import (
+    check_leader_epoch,
+    locate,
+    locate_for_reading,
+)
 from mink.broker.security.authorizer import DESCRIBE
 from mink.protocol.messages import build, nested, response_schema
 from mink.storage.controlplane import MetadataUnavailable
