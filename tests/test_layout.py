@@ -19,6 +19,17 @@ def test_import_contracts_hold():
     assert "0 broken" in result.stdout
 
 
+def test_no_name_is_used_that_does_not_exist():
+    """pyflakes' undefined-name checks over the code (ruff's F821-F823): a handler once
+    called a function it never imported, and only a client's own test suite found it."""
+    ruff = Path(sys.executable).with_name("ruff")
+    result = subprocess.run(
+        [str(ruff), "check", "--isolated", "--no-fix", "--output-format", "concise",
+         "--select", "F821,F822,F823", "mink", "benchmarks", "chaos"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
 def _design_module_paths() -> list[str]:
     """Every `mink/...` path named in design.md's tables (rows starting with '|')."""
     paths = []
