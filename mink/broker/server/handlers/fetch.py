@@ -338,6 +338,11 @@ async def _read_all(reads: list[_Read], max_bytes: int, committed_only: bool = F
             read.records = read_committed.below_stable_offset(
                 read.records, read.located.log.last_stable_offset)
         read.size = sum(len(r) for r in read.records)
+        if read.size > budget and total > 0:
+            # Only the first partition with data may go past the budget, with its first
+            # batch (Kafka's minOneMessage): a later one keeps it for the next fetch, or
+            # the response outgrows fetch.max.bytes and librdkafka refuses it whole.
+            read.records, read.size = [], 0
         total += read.size
     return total
 
