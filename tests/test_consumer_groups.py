@@ -267,6 +267,17 @@ def txn_commit(conn, group_id, member_id, epoch, topic, partition, offset):
     return response.topics[0].partitions[0].error_code
 
 
+def offset_delete(conn, group_id, topic, partitions) -> tuple[int, list[int]]:
+    """A raw OffsetDelete v0: (group error, each partition's error)."""
+    schema = load_request_schema(ApiKey.OFFSET_DELETE, 0)
+    response = conn.call(ApiKey.OFFSET_DELETE, 0, build(
+        schema, group_id=group_id, topics=(nested(schema, "OffsetDeleteRequestTopic")(
+            name=topic, partitions=tuple(nested(schema, "OffsetDeleteRequestPartition")(
+                partition_index=p) for p in partitions)),)))
+    return (response.error_code,
+            [p.error_code for t in response.topics for p in t.partitions])
+
+
 def create_topic(address, name, partitions):
     from mink.client import BlockingKafkaClient as Client
     with Client(address, TIMEOUT) as conn:
@@ -774,3 +785,30 @@ async def test_regex_subscription_picks_up_a_topic_created_later(node):
         await trio.to_thread.run_sync(check)
     finally:
         await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])
+
+
+async def test_offset_delete_of_a_consumer_group_keeps_what_it_subscribes_to(node):
+    """OffsetDelete on a live KIP-848 group: offsets of a topic a member subscribes to stay
+    (GROUP_SUBSCRIBED_TO_TOPIC), others go, as in Kafka (librdkafka's own 0081 asks this of
+    a group with a subscribing consumer; it got GROUP_ID_NOT_FOUND)."""
+    def run():
+        create_topic(node, "od-mine", 1)
+        create_topic(node, "od-other", 1)
+        with BlockingKafkaClient(node, TIMEOUT) as conn:
+            a = heartbeat(conn, "g-od", "member-a", 0, topics=["od-mine"], owned=[],
+                          rebalance_timeout_ms=60_000)
+            assert a.error_code == ErrorCode.none, a
+            for topic in ("od-mine", "od-other"):
+                assert commit(conn, "g-od", "member-a", a.member_epoch, topic, 0, 7) == (
+                    ErrorCode.none)
+            kept = offset_delete(conn, "g-od", "od-mine", [0])
+            gone = offset_delete(conn, "g-od", "od-other", [0])
+            fetched = conn.call(ApiKey.OFFSET_FETCH, 7, build(
+                load_request_schema(ApiKey.OFFSET_FETCH, 7), group_id="g-od", topics=None,
+                require_stable=False))
+            return kept, gone, sorted(t.name for t in fetched.topics)
+
+    kept, gone, left = await trio.to_thread.run_sync(run)
+    assert kept == (ErrorCode.none, [ErrorCode.group_subscribed_to_topic])
+    assert gone == (ErrorCode.none, [ErrorCode.none])
+    assert left == ["od-mine"]

@@ -1074,27 +1074,32 @@ class GroupCoordinator:
     async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]
                              ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
         """OffsetDelete: only offsets of topics the group does not consume (or an empty
-        group's)."""
+        group's). A KIP-848 consumer group's consumed topics are its members' subscriptions
+        (names and regular expressions), as Kafka's ConsumerGroup.isSubscribedToTopic."""
         error = self._status(group_id) if group_id else ErrorCode.invalid_group_id
         if error:
             return error, {}
-        group = self.groups.get(group_id)
-        if group is None or group.state is DEAD:
-            return ErrorCode.group_id_not_found, {}
         results: dict[tuple[str, int], ErrorCode] = {}
         eligible: list[tuple[str, int]] = []
-        if group.state is EMPTY:
-            candidates = partitions
-        elif group.protocol_type == "consumer":
-            subscribed = _subscribed_topics(group)
-            candidates = []
-            for key in partitions:
-                if subscribed is None or key[0] in subscribed:
-                    results[key] = ErrorCode.group_subscribed_to_topic
-                else:
-                    candidates.append(key)
+        group: Any = self.consumer.groups.get(group_id)
+        if group is not None:
+            subscribed: set[str] | None = group.subscribed_topic_names(self.node.view.topics)
         else:
-            return ErrorCode.non_empty_group, {}
+            group = self.groups.get(group_id)
+            if group is None or group.state is DEAD:
+                return ErrorCode.group_id_not_found, {}
+            if group.state is EMPTY:
+                subscribed = set()
+            elif group.protocol_type == "consumer":
+                subscribed = _subscribed_topics(group)
+            else:
+                return ErrorCode.non_empty_group, {}
+        candidates = []
+        for key in partitions:
+            if subscribed is None or key[0] in subscribed:
+                results[key] = ErrorCode.group_subscribed_to_topic
+            else:
+                candidates.append(key)
         view = self.node.view
         for key in candidates:
             topic = view.topics.get(key[0])
