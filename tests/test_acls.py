@@ -406,6 +406,12 @@ def _group_config(group):
         configs=(config,)),), validate_only=True)
 
 
+def _describe_quorum():
+    return _req(ApiKey.DESCRIBE_QUORUM, 2, topics=(build(
+        _n(55, 2, "TopicData"), topic_name="__cluster_metadata",
+        partitions=(build(_n(55, 2, "PartitionData"), partition_index=0),)),))
+
+
 def _broker_configs():
     return _req(ApiKey.DESCRIBE_CONFIGS, 4, resources=(build(
         _n(32, 4, "DescribeConfigsResource"), resource_type=4, resource_name="1",
@@ -707,6 +713,9 @@ ROWS = [
     ("IncrementalAlterConfigs of a topic", _incremental_alter_configs("t-cfg2"),
      [("TOPIC", "t-cfg2", "ALTER_CONFIGS")], lambda r: int(r.responses[0].error_code),
      TOPIC_AUTH, 0),
+    ("DescribeQuorum describes the cluster", _describe_quorum(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE")], lambda r: int(r.error_code), CLUSTER_AUTH,
+     0),
     # group configs: ALTER_CONFIGS on the group (Kafka's ConfigAdminManager)
     ("IncrementalAlterConfigs of a group", _group_config("g-cfg"),
      [("GROUP", "g-cfg", "ALTER_CONFIGS")], lambda r: int(r.responses[0].error_code),

@@ -504,6 +504,47 @@ async def test_describe_cluster(node):
     assert response.error_code == ErrorCode.mismatched_endpoint_type
 
 
+async def test_describe_quorum_names_the_coordinator_as_the_metadata_leader(node):
+    """DescribeQuorum (KRaft's, API 55): Mink's metadata log is PostgreSQL's change log and
+    its controller the coordinator lease holder; every version is answered, and
+    kafka-python's describe_metadata_quorum (its own integration test's checks) reads it."""
+    from kafka import KafkaAdminClient
+
+    def request(topic, index):
+        def body(schema):
+            return build(schema, topics=(nested(schema, "TopicData")(
+                topic_name=topic, partitions=(nested(schema, "PartitionData")(
+                    partition_index=index),)),))
+        return body
+
+    low, high = ADVERTISED[ApiKey.DESCRIBE_QUORUM]
+    for version in range(low, high + 1):
+        _, response = await in_thread(raw, node, ApiKey.DESCRIBE_QUORUM,
+                                      request("__cluster_metadata", 0), version)
+        assert response.error_code == ErrorCode.none, response
+        (partition,) = response.topics[0].partitions
+        assert (partition.error_code, partition.leader_id) == (ErrorCode.none, 1), partition
+        assert partition.leader_epoch >= 0 and partition.high_watermark >= 0
+        assert [r.replica_id for r in partition.current_voters] == [1]
+        if version >= 2:
+            assert [n.node_id for n in response.nodes] == [1]
+    _, other = await in_thread(raw, node, ApiKey.DESCRIBE_QUORUM, request("orders", 0))
+    assert other.topics[0].partitions[0].error_code == ErrorCode.unknown_topic_or_partition
+
+    def kafka_python():
+        client = KafkaAdminClient(bootstrap_servers=node, request_timeout_ms=TIMEOUT * 1000)
+        try:
+            return client.describe_metadata_quorum()
+        finally:
+            client.close()
+
+    described = await in_thread(kafka_python)
+    (partition,) = described["topics"][0]["partitions"]
+    assert described["topics"][0]["topic_name"] == "__cluster_metadata"
+    assert partition["error"] is None and partition["leader_id"] == 1
+    assert len(partition["current_voters"]) == 1
+
+
 async def test_every_advertised_version(node):
     """Each version of each admin API decodes, is answered, and the answer says what happened."""
     def versions(api_key):

@@ -53,6 +53,7 @@ class ApiKey(enum.IntEnum):
     ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
+    DESCRIBE_QUORUM = 55
     ENVELOPE = 58
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
@@ -84,6 +85,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
+    ApiKey.DESCRIBE_QUORUM: (0, 2),
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
     # Replica management, mapped onto one replica per partition (its leader)
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 1),
