@@ -401,3 +401,44 @@ async def test_mink_configs_alters_and_describes_brokers_groups_and_topics(node)
     assert removed.returncode == 0
     assert after.stdout == "No configs of the cluster default of brokers differ from their " \
                            "defaults.\n"
+
+
+async def test_the_nodes_message_max_bytes_is_the_default_of_topics(mink_postgres, store_url):
+    """Kafka's static message.max.bytes (Mink's message_max_bytes) bounds the batches of a
+    topic without its own max.message.bytes, and is described as its static default; a
+    topic's own value, and then a dynamic cluster default, go over it."""
+    from confluent_kafka.admin import ConfigResource, ConfigSource
+
+    from mink.testing import open_node
+
+    async with open_node(mink_postgres, store_url=store_url, proxy=False,
+                         message_max_bytes=2000) as running:
+        address = running.bootstrap
+
+        def produce_one(topic: str, size: int):
+            from confluent_kafka import Producer
+
+            producer = Producer({"bootstrap.servers": address, "linger.ms": 0,
+                                 "retries": 0})
+            outcome = []
+            producer.produce(topic, value=b"x" * size, on_delivery=lambda err, msg:
+                             outcome.append(err.code() if err else msg.offset()))
+            assert producer.flush(TIMEOUT) == 0
+            return outcome[0]
+
+        def run():
+            create_topic(address, "bounded")
+            create_topic(address, "own", max_message_bytes=100000)
+            client = admin(address)
+            resource = ConfigResource("topic", "bounded")
+            entry = client.describe_configs([resource])[resource].result(
+                timeout=TIMEOUT)["max.message.bytes"]
+            outcome = [produce_one("bounded", 3000), produce_one("own", 3000),
+                       produce_one("bounded", 1000)]
+            assert raw_alter(address, "", ("message.max.bytes", "SET", "100000")) == (0, None)
+            outcome.append(produce_one("bounded", 3000))
+            return entry, outcome
+
+        entry, outcome = await trio.to_thread.run_sync(run)
+    assert (entry.value, entry.source) == ("2000", ConfigSource.STATIC_BROKER_CONFIG.value)
+    assert outcome == [ErrorCode.message_too_large, 0, 0, 1]

@@ -10,7 +10,8 @@ synonyms of topic settings (Kafka's `log.retention.ms` for `retention.ms`,
 `log.cleanup.policy` for `cleanup.policy`, ...: `TOPIC_SETTINGS`' `broker_synonym`) are the
 defaults of every topic without its own value, on the nodes they apply to (a broker's own:
 the partitions it leads, as a Kafka broker's log configs apply to the logs it hosts). The
-sync folds them into the view's topics (`TopicInfo.config`), so no reader looks them up.
+sync folds them, over the node's own configuration of the same (`message_max_bytes`,
+`log_retention_*`), into the view's topics (`TopicInfo.config`), so no reader looks them up.
 What it refuses, as Kafka refuses its read-only configs ("Cannot update these configs
 dynamically", INVALID_REQUEST): the settings Mink reads from the node's configuration
 (`STATIC_ONLY`). Any other name is stored and described as set, as Kafka keeps custom broker
@@ -29,7 +30,12 @@ from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
 
-from mink.broker.topics.config import TOPIC_SETTINGS, InvalidConfig
+from mink.broker.topics.config import (
+    BROKER_DEFAULTS,
+    TOPIC_SETTINGS,
+    InvalidConfig,
+    broker_default,
+)
 from mink.storage import controlplane as md
 from mink.storage.controlplane.dynamic_configs import (
     DynamicConfigChanged,
@@ -200,7 +206,8 @@ class DynamicConfigs:
         self.node = node
         self.loaded_version = -1
         self.stored: dict[tuple[int, str], dict[str, str]] = {}
-        # topic setting -> its default from the broker configs that apply to this node
+        # topic setting -> its default on this node: the node's configuration, under the
+        # broker configs that apply to it
         self.topic_defaults: dict[str, str] = {}
 
     def broker(self, name: str) -> dict[str, str]:
@@ -235,7 +242,13 @@ class DynamicConfigs:
         if stored != self.stored:
             log.info("dynamic configs: %s", stored)
         self.stored = stored
+        # the node's configuration first (message_max_bytes, log_retention_*: Kafka's
+        # static broker configs), where it differs from Kafka's default
         defaults: dict[str, str] = {}
+        for topic_key in BROKER_DEFAULTS:
+            static = broker_default(topic_key, self.node.config)
+            if static is not None and static != TOPIC_SETTINGS[topic_key].default:
+                defaults[topic_key] = static
         for configs, _ in reversed(self.layers()):  # the broker's own last: it wins
             for name, value in configs.items():
                 topic_key = TOPIC_DEFAULTS.get(name)

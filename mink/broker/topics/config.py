@@ -172,10 +172,12 @@ def topic_setting(config: dict[str, str], key: str) -> Any:
 
 
 # Topic settings whose default is a cluster setting of Mink's configuration (Kafka's
-# log.retention.ms and log.retention.bytes): topic key -> the Config field that holds it.
+# log.retention.ms, log.retention.bytes and message.max.bytes): topic key -> the Config
+# field that holds it.
 BROKER_DEFAULTS: dict[str, str] = {
     "retention.ms": "log_retention_ms",
     "retention.bytes": "log_retention_bytes",
+    "max.message.bytes": "message_max_bytes",
 }
 
 
