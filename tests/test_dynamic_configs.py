@@ -120,6 +120,11 @@ async def test_incremental_alter_configs_of_a_broker_and_of_the_cluster_default(
         assert raw_alter(node, "", ("log.retention.ms", "SET", "86400000")) == (0, None)
         mine, default = describe(client, "1"), raw_describe(node, "")
 
+        # a password is stored but never shown, as Kafka treats its PASSWORD configs
+        assert alter(client, "1", ("listener.name.sasl_ssl.ssl.key.password", "SET",
+                                   "hunter2")) is None
+        secret = describe(client, "1")["listener.name.sasl_ssl.ssl.key.password"]
+        assert (secret.value, secret.is_sensitive) == (None, True)
         kerberos = mine["sasl.kerberos.min.time.before.relogin"]
         assert (kerberos.value, kerberos.source, kerberos.is_read_only) == (
             "58000", ConfigSource.DYNAMIC_BROKER_CONFIG.value, False)

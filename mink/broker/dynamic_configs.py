@@ -88,6 +88,21 @@ GROUP_DOCS = {
 
 _ATTEMPTS = 5
 
+# Values never shown or logged: Kafka's PASSWORD configs (ssl.*.password, sasl.jaas.config,
+# ssl.keystore.key, ...) and anything named like them. Stored as given, as Kafka's are when
+# no password encoder secret is set.
+_SECRET_WORDS = ("password", "jaas", "secret", "credential", "token")
+
+
+def is_sensitive(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith(".key") or any(word in lower for word in _SECRET_WORDS)
+
+
+def _names(configs: dict) -> dict:
+    """What a log line may say of configs: their names, not their values."""
+    return {resource: sorted(values) for resource, values in configs.items()}
+
 
 class Refused(InvalidConfig):
     """A change answered with INVALID_CONFIG (the other broker config problems are answered
@@ -240,7 +255,7 @@ class DynamicConfigs:
 
     def apply(self, stored: dict[tuple[int, str], dict[str, str]]) -> bool:
         if stored != self.stored:
-            log.info("dynamic configs: %s", stored)
+            log.info("dynamic configs: %s", _names(stored))
         self.stored = stored
         # the node's configuration first (message_max_bytes, log_retention_*: Kafka's
         # static broker configs), where it differs from Kafka's default
@@ -284,8 +299,8 @@ class DynamicConfigs:
                     await alter_dynamic_config(node.metadata, resource_type, name, current, new)
                 except DynamicConfigChanged:
                     continue
-                log.info("%s %s configs changed to %s", "group" if resource_type == GROUP
-                         else "broker", name or "(default)", new)
+                log.info("%s %s configs changed: now %s", "group" if resource_type == GROUP
+                         else "broker", name or "(default)", sorted(new))
                 try:
                     await node.sync.refresh_view()  # this node at once; the others by NOTIFY
                 except md.MetadataUnavailable as exc:  # stored; the sync loop catches up

@@ -21,6 +21,7 @@ from mink.broker.dynamic_configs import (
     GROUP_SETTINGS,
     STATIC_ONLY,
     TOPIC_DEFAULTS,
+    is_sensitive,
 )
 from mink.broker.config import Config
 from mink.broker.security.authorizer import DESCRIBE_CONFIGS
@@ -240,12 +241,14 @@ async def handle(node, ctx, request):
     include_docs = bool(getattr(request, "include_documentation", False)) and version >= 3
 
     def encode(entry: ConfigEntry):
-        synonyms = tuple(synonym_schema(name=n, value=v, source=s)
+        hidden = is_sensitive(entry.name)  # as Kafka: a password's value is never sent
+        synonyms = tuple(synonym_schema(name=n, value=None if hidden else v, source=s)
                          for n, v, s in entry.synonyms) if include_synonyms else ()
-        return build(entry_schema, name=entry.name, value=entry.value,
+        return build(entry_schema, name=entry.name, value=None if hidden else entry.value,
                      read_only=entry.read_only, config_source=entry.source,
-                     is_sensitive=False, synonyms=synonyms,
-                     config_type=CONFIG_TYPES.get(entry.type, 0),
+                     is_sensitive=hidden, synonyms=synonyms,
+                     config_type=CONFIG_TYPES["PASSWORD" if hidden else entry.type]
+                     if (hidden or entry.type in CONFIG_TYPES) else 0,
                      documentation=entry.doc if include_docs else None)
 
     results = []
