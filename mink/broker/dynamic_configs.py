@@ -35,6 +35,7 @@ from mink.broker.topics.config import (
     TOPIC_SETTINGS,
     InvalidConfig,
     broker_default,
+    edited_list,
 )
 from mink.storage import controlplane as md
 from mink.storage.controlplane.dynamic_configs import (
@@ -104,6 +105,11 @@ def _names(configs: dict) -> dict:
     return {resource: sorted(values) for resource, values in configs.items()}
 
 
+def group_default(node_config, name: str) -> int:
+    """A group config's value for a group without its own: the node's configuration."""
+    return int(getattr(node_config, GROUP_SETTINGS[name][0]))
+
+
 class Refused(InvalidConfig):
     """A change answered with INVALID_CONFIG (the other broker config problems are answered
     INVALID_REQUEST, as Kafka answers them)."""
@@ -165,7 +171,7 @@ def validate_group_config(config: dict[str, str | None], node_config) -> dict[st
             raise Refused(f"Invalid value {value} for configuration {name}: not between "
                           f"{low} and {high}")
         out[name] = str(number)
-    heartbeat, session = (int(out.get(name) or getattr(node_config, GROUP_SETTINGS[name][0]))
+    heartbeat, session = (int(out.get(name) or group_default(node_config, name))
                           for name in ("consumer.heartbeat.interval.ms",
                                        "consumer.session.timeout.ms"))
     if heartbeat >= session:
@@ -200,14 +206,7 @@ def altered_config(current: dict[str, str], changes: list[tuple[str | None, str,
             if setting is None or setting.type != "LIST":
                 raise Refused(f"Config value {op.lower()} is not allowed for config key: "
                               f"{name}")
-            old = out.get(name)
-            items = [v for v in (setting.default if old is None else old).split(",") if v]
-            given = [v.strip() for v in (value or "").split(",") if v.strip()]
-            if op == "APPEND":
-                items += [v for v in given if v not in items]
-            else:
-                items = [v for v in items if v not in given]
-            out[name] = ",".join(items)
+            out[name] = edited_list(out.get(name), setting.default, op, value)
         else:
             raise Refused(f"unknown config operation for {name!r}")
     return validate(out)
@@ -239,9 +238,7 @@ class DynamicConfigs:
     def group_setting(self, group_id: str, name: str) -> int:
         """A group config in force: the group's own value, else the node's configuration."""
         value = self.group(group_id).get(name)
-        if value is None:
-            return int(getattr(self.node.config, GROUP_SETTINGS[name][0]))
-        return int(value)
+        return group_default(self.node.config, name) if value is None else int(value)
 
     async def refresh(self, view_version: int) -> bool:
         """Read every resource's configs again if the view moved since the last read.

@@ -200,6 +200,17 @@ def effective_topic_setting(config: dict[str, str], key: str, broker_config=None
     return setting.parse(value if value is not None else setting.default)
 
 
+def edited_list(stored: str | None, default: str, op: str, value: str | None) -> str:
+    """A list config after APPEND or SUBTRACT of `value`'s items (comma-separated), from the
+    stored list, else the default. A stored empty list is a value of its own
+    (cleanup.policy: keep everything)."""
+    items = [i for i in (default if stored is None else stored).split(",") if i]
+    given = [i.strip() for i in (value or "").split(",") if i.strip()]
+    if op == "APPEND":
+        return ",".join(items + [i for i in given if i not in items])
+    return ",".join(i for i in items if i not in given)
+
+
 def altered_topic_config(current: dict[str, str],
                          changes: list[tuple[str, str, str | None]]) -> dict[str, str]:
     """IncrementalAlterConfigs on a topic's stored config: (op, key, value) with op SET,
@@ -217,15 +228,7 @@ def altered_topic_config(current: dict[str, str],
         elif op in ("APPEND", "SUBTRACT"):
             if setting is None or setting.type != "LIST":
                 raise InvalidConfig(f"{op} is only for list configs, not {key!r}")
-            # a stored empty list is a value of its own (cleanup.policy: keep everything)
-            stored = out.get(key)
-            items = [i for i in (setting.default if stored is None else stored).split(",") if i]
-            given = [i.strip() for i in (value or "").split(",") if i.strip()]
-            if op == "APPEND":
-                items += [i for i in given if i not in items]
-            else:
-                items = [i for i in items if i not in given]
-            out[key] = ",".join(items)
+            out[key] = edited_list(out.get(key), setting.default, op, value)
         else:
             raise InvalidConfig(f"unknown operation {op!r}")
     return validate_topic_config(out)

@@ -21,6 +21,7 @@ from mink.broker.dynamic_configs import (
     GROUP_SETTINGS,
     STATIC_ONLY,
     TOPIC_DEFAULTS,
+    group_default,
     is_sensitive,
 )
 from mink.broker.config import Config
@@ -135,7 +136,7 @@ def group_config_entries(node, group_id: str) -> list[ConfigEntry]:
     own = node.dynamic_configs.group(group_id)
     entries = []
     for name in sorted(GROUP_SETTINGS):
-        default = str(getattr(node.config, GROUP_SETTINGS[name][0]))
+        default = str(group_default(node.config, name))
         synonyms = ((name, own[name], GROUP_CONFIG),) if name in own else ()
         synonyms += ((name, default, DEFAULT_CONFIG),)
         entries.append(ConfigEntry(name, synonyms[0][1], synonyms[0][2], False, "INT",
@@ -247,8 +248,7 @@ async def handle(node, ctx, request):
         return build(entry_schema, name=entry.name, value=None if hidden else entry.value,
                      read_only=entry.read_only, config_source=entry.source,
                      is_sensitive=hidden, synonyms=synonyms,
-                     config_type=CONFIG_TYPES["PASSWORD" if hidden else entry.type]
-                     if (hidden or entry.type in CONFIG_TYPES) else 0,
+                     config_type=CONFIG_TYPES.get("PASSWORD" if hidden else entry.type, 0),
                      documentation=entry.doc if include_docs else None)
 
     results = []
