@@ -208,7 +208,7 @@ def test_reconcile_drops_unsubscribed_topics_at_the_same_epoch():
 
 
 def heartbeat(conn, group_id, member_id, member_epoch, *, topics=None, owned=None,
-              rebalance_timeout_ms=-1, server_assignor=None, instance_id=None):
+              rebalance_timeout_ms=-1, server_assignor=None, instance_id=None, regex=None):
     """A raw ConsumerGroupHeartbeat v1; `owned` is [(topic id, [partitions])]. Repeated
     while the coordinator is still loading (a retriable error, as clients treat it: a node
     just started may not have opened the group's offsets partition yet), bounded."""
@@ -219,7 +219,7 @@ def heartbeat(conn, group_id, member_id, member_epoch, *, topics=None, owned=Non
         instance_id=instance_id, rack_id=None,
         rebalance_timeout=datetime.timedelta(milliseconds=rebalance_timeout_ms),
         subscribed_topic_names=None if topics is None else tuple(topics),
-        subscribed_topic_regex=None, server_assignor=server_assignor,
+        subscribed_topic_regex=regex, server_assignor=server_assignor,
         topic_partitions=None if owned is None else tuple(
             build(tp_schema, topic_id=t, partitions=tuple(ps)) for t, ps in owned))
     deadline = time.monotonic() + TIMEOUT
@@ -785,6 +785,54 @@ async def test_regex_subscription_picks_up_a_topic_created_later(node):
         await trio.to_thread.run_sync(check)
     finally:
         await trio.to_thread.run_sync(lambda: [c.stop() for c in consumers])
+
+
+async def test_a_regex_new_to_the_group_is_assigned_after_the_heartbeat_that_brought_it(node):
+    """As in Kafka (its regular expressions are resolved asynchronously): the heartbeat that
+    brings a regex new to the group is answered with the member's literal topics only; the
+    group resolves it after, bumps its epoch, and the next heartbeat assigns its topics. A
+    regex the group has resolved is assigned at once; one nobody subscribes to any more is
+    forgotten, and is new again when it comes back (librdkafka's own
+    0045_resubscribe_with_regex expects this order)."""
+    def run():
+        literal = create_topic(node, "rl-literal", 1)
+        matched = {create_topic(node, name, 1) for name in ("rl-re-1", "rl-re-2")}
+        with BlockingKafkaClient(node, TIMEOUT) as conn:
+            def until_regex_topics(member_id, epoch, owned):
+                deadline = time.monotonic() + TIMEOUT
+                while True:
+                    r = heartbeat(conn, "g-rl", member_id, epoch, owned=owned)
+                    assert r.error_code == ErrorCode.none, r
+                    if r.assignment is not None and {t for t, _ in assigned(r)} >= matched:
+                        return r
+                    epoch = r.member_epoch
+                    assert time.monotonic() < deadline, "the regex's topics never came"
+                    time.sleep(0.05)
+
+            a = heartbeat(conn, "g-rl", "member-a", 0, topics=["rl-literal"],
+                          regex="^rl-re-.*", owned=[], rebalance_timeout_ms=60_000)
+            assert a.error_code == ErrorCode.none, a
+            assert assigned(a) == [(literal, [0])]
+            a = until_regex_topics("member-a", a.member_epoch, [(literal, [0])])
+            assert a.member_epoch > 1
+            # a second member with the same, resolved regex: a rebalance at once
+            b = heartbeat(conn, "g-rl", "member-b", 0, topics=[], regex="^rl-re-.*", owned=[],
+                          rebalance_timeout_ms=60_000)
+            assert b.error_code == ErrorCode.none, b
+            d = describe(conn, "g-rl")
+            assert d.group_epoch == b.member_epoch
+            target_b = {tp.topic_id for m in d.members if m.member_id == "member-b"
+                        for tp in m.target_assignment.topic_partitions}
+            assert target_b and target_b <= matched
+            # both leave: the regex is forgotten, and new again for the next member
+            for member_id, epoch in (("member-a", -1), ("member-b", -1)):
+                assert heartbeat(conn, "g-rl", member_id, epoch).error_code == ErrorCode.none
+            c = heartbeat(conn, "g-rl", "member-c", 0, topics=["rl-literal"],
+                          regex="^rl-re-.*", owned=[], rebalance_timeout_ms=60_000)
+            assert assigned(c) == [(literal, [0])]
+            until_regex_topics("member-c", c.member_epoch, [(literal, [0])])
+
+    await trio.to_thread.run_sync(run)
 
 
 async def test_offset_delete_of_a_consumer_group_keeps_what_it_subscribes_to(node):

@@ -45,7 +45,6 @@ from mink.broker.groups.consumer_group import (
     ConsumerGroupState,
     compile_regex,
     from_json,
-    member_topics,
     to_json,
 )
 from mink.broker.groups.reconciliation import MemberState, TopicPartition, reconcile
@@ -142,6 +141,7 @@ class ConsumerGroupCoordinator:
             self._touch(group, member)
             if member.state is MemberState.UNREVOKED_PARTITIONS:
                 member.revoke_by = trio.current_time() + member.rebalance_timeout_ms / 1000
+        self._resolve_regexes_soon(group)  # the coordinator went before it resolved them
 
     def _validate(self, group_id, member_id, member_epoch, rebalance_timeout_ms,
                   subscribed_topic_names, subscribed_topic_regex, server_assignor, owned,
@@ -256,7 +256,12 @@ class ConsumerGroupCoordinator:
             regex = subscribed_topic_regex or None  # "": no regular expression
             if regex != member.subscribed_topic_regex:
                 member.subscribed_topic_regex = regex
-                bump = True
+                group.resolved_regexes &= group.subscribed_regexes()
+                # Kafka's maybeUpdateRegularExpressions: a regex the group has resolved
+                # rebalances at once; one new to the group is resolved after this
+                # heartbeat, which is answered without its topics (_resolve_regexes).
+                if regex is None or regex in group.resolved_regexes:
+                    bump = True
         if server_assignor is not None and server_assignor != member.server_assignor:
             member.server_assignor = server_assignor
             bump = True
@@ -284,7 +289,32 @@ class ConsumerGroupCoordinator:
                 and owned is not None)
         if member_epoch == JOIN_EPOCH or full or member.assigned != before:
             result.assignment = _by_topic(member.assigned)
+        self._resolve_regexes_soon(group)
         return result
+
+    def _resolve_regexes_soon(self, group: ConsumerGroup) -> None:
+        if group.subscribed_regexes() - group.resolved_regexes:
+            self.coordinator._timers.call_at(trio.current_time(), self._resolve_regexes,
+                                             group)
+
+    def _resolve_regexes(self, group: ConsumerGroup) -> None:
+        """Kafka's refreshRegularExpressions and handleRegularExpressionsResult, run after
+        the heartbeat that brought a regular expression new to the group: it is resolved,
+        and the group epoch bumped so that the members' next heartbeats assign its topics."""
+        if group.dead or self.groups.get(group.group_id) is not group:
+            return
+        new = group.subscribed_regexes() - group.resolved_regexes
+        if not new:
+            return
+        group.resolved_regexes |= new
+        group.subscription_metadata = self._subscription_metadata(group)
+        group.group_epoch += 1
+        log.info("consumer group %s: resolved %s (group epoch %d)", group.group_id,
+                 ", ".join(sorted(new)), group.group_epoch,
+                 extra={"event": "rebalance", "group": group.group_id,
+                        "generation": group.group_epoch,
+                        "reason": "regular expression resolved"})
+        self.persist(group)
 
     def _get_or_create(self, group_id: str, create: bool) -> ConsumerGroup:
         """Kafka's getOrMaybeCreateConsumerGroup with online migration disabled."""
@@ -325,7 +355,7 @@ class ConsumerGroupCoordinator:
     def _compute_target(self, group: ConsumerGroup) -> None:
         """The target assignment of the group epoch (Kafka's TargetAssignmentBuilder)."""
         metadata = group.subscription_metadata
-        subscriptions = {m.member_id: {metadata[t][0] for t in member_topics(m, metadata)
+        subscriptions = {m.member_id: {metadata[t][0] for t in group.member_topics(m, metadata)
                                        if t in metadata}
                          for m in group.members.values()}
         partitions = dict(metadata.values())
@@ -339,7 +369,8 @@ class ConsumerGroupCoordinator:
     def _reconcile(self, group: ConsumerGroup, member: ConsumerGroupMember,
                    owned: set[TopicPartition] | None) -> None:
         metadata = group.subscription_metadata
-        subscribed = {metadata[t][0] for t in member_topics(member, metadata) if t in metadata}
+        subscribed = {metadata[t][0] for t in group.member_topics(member, metadata)
+                      if t in metadata}
         step = reconcile(member.reconciled(), group.target_epoch,
                          group.target.get(member.member_id, frozenset()), subscribed, owned,
                          group.owned_by_other(member.member_id))
@@ -427,6 +458,7 @@ class ConsumerGroupCoordinator:
         group.release(member)
         del group.members[member.member_id]
         group.target.pop(member.member_id, None)
+        group.resolved_regexes &= group.subscribed_regexes()
         member.timer_token += 1
         group.group_epoch += 1
         log.info("consumer group %s: member %s removed (%s), group epoch %d",

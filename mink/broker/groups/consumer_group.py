@@ -68,6 +68,10 @@ class ConsumerGroup:
     # topic name -> (topic id, partitions) of every subscribed topic, as last seen
     subscription_metadata: dict[str, tuple[uuid.UUID, int]] = field(default_factory=dict)
     offsets: dict[tuple[str, int], OffsetAndMetadata] = field(default_factory=dict)
+    # The regular expressions the group has resolved. As in Kafka, one new to the group is
+    # resolved after the heartbeat that brought it, which is answered without its topics;
+    # a resolved one follows the topics as they come and go.
+    resolved_regexes: set[str] = field(default_factory=set)
     dead: bool = False
 
     @property
@@ -88,11 +92,22 @@ class ConsumerGroup:
         """Every topic a member subscribes to, by name or by its regular expression matching
         one of `topics` (names)."""
         names = {t for m in self.members.values() for t in m.subscribed_topic_names}
-        for regex in {m.subscribed_topic_regex for m in self.members.values()
-                      if m.subscribed_topic_regex}:
+        for regex in self.subscribed_regexes() & self.resolved_regexes:
             names |= resolve_regex(regex, topics)
         return names
 
+    def subscribed_regexes(self) -> set[str]:
+        return {m.subscribed_topic_regex for m in self.members.values()
+                if m.subscribed_topic_regex}
+
+    def member_topics(self, member: ConsumerGroupMember, topics) -> set[str]:
+        """The topics of `topics` (names) `member` subscribes to: by name, or by its regular
+        expression once the group has resolved it."""
+        names = set(member.subscribed_topic_names)
+        regex = member.subscribed_topic_regex
+        if regex and regex in self.resolved_regexes:
+            names |= resolve_regex(regex, topics)
+        return names
 
     def owned_by_other(self, member_id: str):
         return lambda tp: self.owners.get(tp, member_id) != member_id
@@ -139,13 +154,6 @@ def resolve_regex(regex: str, topics) -> set[str]:
     return {t for t in topics if not t.startswith("__") and pattern.fullmatch(t)}
 
 
-def member_topics(member: ConsumerGroupMember, topics) -> set[str]:
-    names = set(member.subscribed_topic_names)
-    if member.subscribed_topic_regex:
-        names |= resolve_regex(member.subscribed_topic_regex, topics)
-    return names
-
-
 # -- stored form (sql/0017_consumer_groups.sql: one json document per group) -----------------
 
 _encoder = msgspec.json.Encoder()
@@ -164,6 +172,7 @@ def to_json(group: ConsumerGroup) -> str:
         "target_epoch": group.target_epoch,
         "subscription_metadata": {name: [str(t), n] for name, (t, n)
                                   in group.subscription_metadata.items()},
+        "resolved_regexes": sorted(group.resolved_regexes),
         "members": [{
             "member_id": m.member_id, "client_id": m.client_id, "client_host": m.client_host,
             "instance_id": m.instance_id, "rack_id": m.rack_id,
@@ -197,4 +206,8 @@ def from_json(group_id: str, partition: int, group_epoch: int, state: str) -> Co
         group.members[member.member_id] = member
         group.target[member.member_id] = _from_tps(m["target"])
         group.take(member)
+    # A group written before regexes were resolved apart had every one resolved.
+    resolved = doc.get("resolved_regexes")
+    group.resolved_regexes = (set(resolved) if resolved is not None
+                              else group.subscribed_regexes())
     return group
