@@ -70,7 +70,7 @@ from mink.protocol.records import Record, build_batch, iter_batches
 from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.postgres import READ
 from mink.storage.embedded_postgres import EmbeddedPostgres
-from mink.storage.lifecycle import tiering
+from mink.storage.lifecycle import tiering, tiering_child
 from mink.storage.log import PartitionLog, ReadCaches
 from mink.storage.objectstore import LatencyObjectStore, open_object_store
 from mink.storage.streams import Streams
@@ -325,6 +325,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
             swapped = {m: 0 for m in modes}
             # The "on" phase's rounds: (seconds into the phase, [object sizes]) for "io".
             rounds_written: list[tuple[float, list[int]]] = []
+            # as a node's tiering worker: the copy in child processes (tiering_child.py)
+            children = None if args.in_node_threads else tiering_child.TieringChildren()
             async with trio.open_nursery() as nursery:
                 await nursery.start(streams.run)
                 logs = [await streams.open(topic.topic_id, p, 0) for p in range(args.partitions)]
@@ -358,7 +360,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                             async with limiter:
                                 try:
                                     await tiering.write_stream_object(metadata, files, lease,
-                                                                      plan, pace=pace)
+                                                                      plan, pace=pace,
+                                                                      children=children)
                                     swapped[mode] += 1
                                 except tiering.TieringRefused:
                                     pass
@@ -406,6 +409,8 @@ async def commit_latency(args, postgres: EmbeddedPostgres, root: Path) -> dict[s
                     summary = {"mode": mode, **_percentiles(latencies[mode][before:])}
                     phases.append(summary)
                     print(f"phase {i + 1}: {summary}", flush=True)
+                if children is not None:
+                    await children.aclose()
                 streams.stop()
             backlog_rows, _ = await tiering.backlog(metadata)
             settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
@@ -445,11 +450,14 @@ def main_commit_latency(args, argv) -> int:
     result["command"] = "python -m benchmarks.tiering " + " ".join(argv or sys.argv[1:])
     (args.out / f"tiering-commit-latency-{stamp}.json").write_text(json.dumps(result, indent=2))
     off, on, burst, io = result["off"], result["on"], result.get("burst"), result.get("io")
+    copy = ("in the node's threads" if args.in_node_threads
+            else "in child processes (SCHED_IDLE)")
     md = [f"# Tiering beside a leader's commits {stamp}", "", f"`{result['command']}`", "",
           f"{args.partitions} partitions, a ~4 KiB batch every {args.append_interval_ms} ms "
           f"each, tiering rounds every {args.round_interval_s} s (rows due from "
           f"{args.due_after_s} s, stream objects of {args.stream_object_kib} KiB), "
-          f"{args.phases} phases of {args.phase_s} s per mode, alternating; load "
+          f"{args.phases} phases of {args.phase_s} s per mode, alternating; the copy "
+          f"{copy}; load "
           f"average {result['load_average'][0][0]:.1f} -> {result['load_average'][1][0]:.1f}.",
           "", f"| append to durable | tiering off | tiering on (spread {args.spread}) |" + (
               " on, unpaced burst |" if burst else "") + (" its bare I/O |" if io else ""),
@@ -508,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
                              "object writes alone (no tiering)")
     parser.add_argument("--round-interval-s", type=float, default=0.25,
                         help="commit-latency: pause between tiering rounds")
+    parser.add_argument("--in-node-threads", action="store_true",
+                        help="commit-latency: walk and copy in the node's worker threads, "
+                             "as before tiering's child processes")
     parser.add_argument("--stalls-ms", type=float, default=0,
                         help="commit-latency: count the task steps of this many ms or more "
                              "by mode and place (a trio instrument; it costs some CPU)")

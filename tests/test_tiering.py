@@ -5,6 +5,7 @@ SIGKILLed mid-round loses nothing and leaves no referenced object deleted."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -214,7 +215,11 @@ async def test_sigkill_of_the_tiering_node_mid_round_loses_nothing(
             if await tiering.open_uploads(metadata):
                 break
             tiering_node.resume()
+    node_pid = tiering_node.process.pid
+    copying = _tiering_children(node_pid)
+    assert bool(copying) == store_url.startswith("file:"), "file:// copies in children"
     tiering_node.kill()
+    await wait_until(lambda: _none_left(copying), "the node's tiering children exited", 10)
     stranded = await tiering.open_uploads(metadata)
     assert stranded, "killed between the begin of a stream object and its swap"
     backlog_at_kill, _ = await tiering.backlog(metadata)
@@ -240,6 +245,34 @@ async def test_sigkill_of_the_tiering_node_mid_round_loses_nothing(
         lambda: consume(restarted.address, "killed", {p: 0 for p in range(partitions)},
                         ends=ends))
     assert after == before, "nothing lost, nothing reordered, byte for byte"
+
+
+def _tiering_children(node_pid: int) -> list[int]:
+    """The node's tiering child processes (mink/storage/lifecycle/tiering_child_main.py): their
+    command line ends with the node's pid."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+            continue
+        if b"mink.storage.lifecycle.tiering_child_main" in argv and str(node_pid).encode() in argv:
+            pids.append(int(entry))
+    return pids
+
+
+async def _none_left(pids: list[int]) -> bool:
+    """None of `pids` runs (gone, or a zombie not yet reaped)."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != b"Z":
+            return False
+    return True
 
 
 def scrape(admin_address: str) -> dict[str, float]:

@@ -1217,6 +1217,90 @@ async def test_a_job_on_a_file_store_copies_rows_in_the_kernel_reading_only_head
     assert values_of(await cold.read(0, 100 << 20)) == before
 
 
+async def test_a_job_in_a_tiering_child_writes_the_same_object_at_idle_priority(
+        metadata, nursery, tmp_path):
+    """On file:// a node's jobs walk and copy in a child process (tiering_child.py) under
+    SCHED_IDLE: the object is byte for byte the one assembled in memory, the walk's
+    refusals and the store's errors come back as themselves, a child is kept between jobs,
+    one whose job is cancelled is killed and replaced, and closing kills them all."""
+    import functools
+    import os
+    import signal
+
+    from mink.storage.lifecycle.tiering_child import TieringChildren
+    from mink.storage.objectstore import ObjectNotFound, open_object_store
+    from mink.storage.stream_object import StreamObjectError, StreamObjectWriter
+
+    files = open_object_store(tmp_path.as_uri())
+    topic = await make_topic(metadata, 1)
+    streams = await Node(metadata, files, 1).start(nursery)
+    log = await streams.open(topic.topic_id, 0, 0)
+    await produce([log], 40)
+    before = values_of(await log.read(0, 100 << 20))
+    epoch = await coordinator_epoch(metadata, streams.node_epoch)
+    (plan,) = tiering.plan_stream_objects(await tiering.wal_rows(metadata, 0.0), 100 << 20)
+
+    def changed(**change) -> tiering.StreamObjectPlan:
+        last = dataclasses.replace(plan.rows[-1], **change)
+        return tiering.StreamObjectPlan(plan.topic_id, plan.partition, [*plan.rows[:-1], last])
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    last = plan.rows[-1]
+    async with TieringChildren() as children:
+        with pytest.raises(StreamObjectError, match="runs past"):
+            await tiering.write_stream_object(metadata, files, epoch,
+                                              changed(byte_end=last.byte_end - 1),
+                                              children=children)
+        (pid,) = children.pids()
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        with pytest.raises(StreamObjectError, match="no batch header"):
+            await tiering.write_stream_object(metadata, files, epoch,
+                                              changed(byte_start=last.byte_start + 1),
+                                              children=children)
+        with pytest.raises(ObjectNotFound):
+            await tiering.write_stream_object(metadata, files, epoch,
+                                              changed(object_key="wal/missing"),
+                                              children=children)
+        with pytest.raises(tiering.TieringRefused, match="offsets"):
+            await tiering.write_stream_object(metadata, files, epoch,
+                                              changed(last_offset=last.last_offset + 1),
+                                              children=children)
+        assert children.pids() == [pid], "one child, kept between jobs"
+        # cancelled mid-job: that child is killed (stopped first, so that the job cannot
+        # end before it is cancelled)
+        os.kill(pid, signal.SIGSTOP)
+        async with trio.open_nursery() as job:
+            job.start_soon(functools.partial(tiering.write_stream_object, metadata, files,
+                                             epoch, plan, children=children))
+            with trio.fail_after(10):
+                while children.pids():  # until the job has taken the child
+                    await trio.sleep(0.001)
+            job.cancel_scope.cancel()
+        assert children.pids() == [] and gone(pid)
+        assert await tiering.open_uploads(metadata) == []
+        assert not children.broken
+
+        key = await tiering.write_stream_object(metadata, files, epoch, plan,
+                                                children=children)
+        (second,) = children.pids()
+        assert second != pid
+    assert gone(second), "closed: its children killed"
+    assert [r.object_key for r in await index_rows(metadata, topic, 0)] == [key]
+    in_memory = StreamObjectWriter(plan.topic_id, plan.partition)
+    for row in plan.rows:
+        in_memory.add(await files.get(row.object_key, row.byte_start, row.byte_end))
+    assert await files.get(key) == b"".join(bytes(p) for p in in_memory.finish())
+    cold = _reader(Streams(1, streams.node_epoch, files, metadata), topic.topic_id, 0,
+                   await metadata.stream_state(topic.topic_id, 0))
+    assert values_of(await cold.read(0, 100 << 20)) == before
+
+
 async def test_rows_retention_is_about_to_delete_are_not_planned(metadata, objects, nursery):
     """`kept_ms`: of a topic with retention, rows whose running max timestamp leaves them
     less than that long before retention deletes them are left out of the plan (a plan

@@ -42,7 +42,7 @@ from mink.broker.topics.config import (
     effective_topic_setting,
 )
 from mink.storage import controlplane as md
-from mink.storage.lifecycle import tiering
+from mink.storage.lifecycle import tiering, tiering_child
 from mink.storage.objectstore import ObjectStoreError
 from mink.storage.stream_object import StreamObjectError
 
@@ -110,6 +110,8 @@ class TieringWorker:
         self.bytes_tiered = 0
         self.refused: dict[str, int] = {}  # reason -> swaps (or begins) refused
         self.last_jobs_s = 0.0  # how long the last round's jobs took, together
+        # file://: the walk and copy of stream objects, out of the node (tiering_child.py)
+        self.children: tiering_child.TieringChildren | None = None
 
     @property
     def interval(self) -> float:
@@ -118,15 +120,16 @@ class TieringWorker:
     async def run(self) -> None:
         if self.node.config.tiering_delay_ms < 0:
             return
-        while True:
-            await trio.sleep(self.interval)
-            for step in (self.schedule_round, self.assigned_round):
-                try:
-                    await step()
-                except md.MetadataUnavailable as exc:
-                    log.warning("tiering round skipped: %s", exc)
-                except Exception:  # a lifecycle loop's trouble must never take the node down
-                    log.exception("tiering round failed")
+        async with tiering_child.TieringChildren() as self.children:
+            while True:
+                await trio.sleep(self.interval)
+                for step in (self.schedule_round, self.assigned_round):
+                    try:
+                        await step()
+                    except md.MetadataUnavailable as exc:
+                        log.warning("tiering round skipped: %s", exc)
+                    except Exception:  # a lifecycle loop must never take the node down
+                        log.exception("tiering round failed")
 
     def kept_ms(self) -> dict[uuid.UUID, int]:
         """Per topic with a retention.ms: how long a row must still be kept to be planned.
@@ -225,7 +228,8 @@ class TieringWorker:
                     with trio.fail_after(job_timeout):
                         await tiering.write_stream_object(node.metadata, node.objects,
                                                           j.coordinator_epoch, plan,
-                                                          writer=j.writer, pace=pace)
+                                                          writer=j.writer, pace=pace,
+                                                          children=self.children)
                     result.swapped += 1
                     result.bytes += plan.size
                     metrics.tiering_swapped(plan.size)

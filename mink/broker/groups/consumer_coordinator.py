@@ -8,8 +8,10 @@ Semantics follow Kafka's GroupMetadataManager (4.0) with online migration disabl
   member's epoch, or its previous one with owned partitions within its assignment (the
   answer with the bumped epoch was lost), else FENCED_MEMBER_EPOCH.
 - A join, a leave, an expiry, a changed subscription or a subscribed topic's new partition
-  count bumps the group epoch; the next heartbeat computes the target assignment with the
-  group's assignor (`assignors.py`) and every member reconciles towards it
+  count bumps the group epoch (a regular expression new to the group only once it is
+  resolved, after the heartbeat that brought it, as Kafka resolves them asynchronously);
+  the next heartbeat computes the target assignment with the group's assignor
+  (`assignors.py`) and every member reconciles towards it
   (`reconciliation.py`), revoking before anything is assigned elsewhere.
 - The broker sets the heartbeat interval and session timeout (a group's own
   `consumer.heartbeat.interval.ms` and `consumer.session.timeout.ms`, set with

@@ -40,6 +40,7 @@ import trio
 from mink.protocol.records import LOG_OVERHEAD, RECORD_BATCH_OVERHEAD
 from mink.storage.controlplane import MetadataStore
 from mink.storage.controlplane.postgres import IDEMPOTENT, READ
+from mink.storage.lifecycle import tiering_child
 from mink.storage.objectstore.base import ObjectRange
 from mink.storage.stream_object import (
     DEFAULT_INDEX_INTERVAL,
@@ -350,7 +351,7 @@ async def _read_rows(objects, rows: list[WalRow], pace: Pace | None = None) -> l
     return out
 
 
-def _walk_rows(writer: StreamObjectWriter, rows: list[WalRow], read_into) -> None:
+def walk_rows(writer: StreamObjectWriter, rows: list[WalRow], read_into) -> None:
     """Adds the rows to `writer` as ranges of their WAL objects, reading only enough of
     them to walk their batch headers (`read_into`: a store's `scan` reader). Runs in a
     worker thread; each read lets the event loop have the GIL."""
@@ -395,7 +396,8 @@ class WriterFence:
 async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoch: int,
                               plan: StreamObjectPlan, *, writer: WriterFence | None = None,
                               index_interval: int = DEFAULT_INDEX_INTERVAL,
-                              pace: Pace | None = None) -> str:
+                              pace: Pace | None = None,
+                              children: tiering_child.TieringChildren | None = None) -> str:
     """One job: begin, read, upload, swap. Returns the new object's key once swapped;
     raises TieringRefused (the swap's reason), StaleEpoch (a lease moved: its reason says
     which, 'stale_coordinator_epoch', 'stale_writer_lease_epoch' or 'writer_lease_held';
@@ -403,14 +405,17 @@ async def write_stream_object(metadata: MetadataStore, objects, coordinator_epoc
     short of its swap, cancellation included, gives its upload up at once (SQL_ABANDON);
     the sweep is left the uploads of nodes that died. `writer`: the writer lease this
     round holds; None for a coordinator's round of a topic whose writer lease nobody
-    holds. `pace`: the round's read rate, shared by its jobs (None: as fast as it goes)."""
+    holds. `pace`: the round's read rate, shared by its jobs (None: as fast as it goes).
+    `children`: on file://, the walk and the copy are done in one of them
+    (`tiering_child.py`), not in the node's threads."""
     writer_node = None if writer is None else writer.node_id
     writer_epoch = None if writer is None else writer.epoch
     key = stream_object_key(plan.topic_id, plan.partition, plan.base_offset,
                             plan.last_offset, f"{coordinator_epoch}-{secrets.token_hex(4)}")
     try:
         return await _write_and_swap(metadata, objects, coordinator_epoch, plan, key,
-                                     writer_node, writer_epoch, index_interval, pace)
+                                     writer_node, writer_epoch, index_interval, pace,
+                                     children)
     except BaseException:  # refused, failed or cancelled: this upload will never be swapped
         with trio.CancelScope(shield=True), trio.move_on_after(ABANDON_TIMEOUT_S):
             try:
@@ -449,14 +454,57 @@ def _text_array(values: list[str]) -> str:
 async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: int,
                           plan: StreamObjectPlan, key: str, writer_node: int | None,
                           writer_epoch: int | None, index_interval: int,
-                          pace: Pace | None = None) -> str:
+                          pace: Pace | None = None,
+                          children: tiering_child.TieringChildren | None = None) -> str:
     await metadata.fetch_one(IDEMPOTENT, SQL_BEGIN, (
         coordinator_epoch, writer_node, writer_epoch, key, plan.topic_id, plan.partition,
         plan.base_offset, plan.last_offset))
+    if (children is not None and not children.broken
+            and getattr(objects, "compose_blocking", None) is not None):
+        data_length = await _compose_in_child(children, objects, plan, key, index_interval,
+                                              pace)
+    else:
+        data_length = await _compose_here(objects, plan, key, index_interval, pace)
+    row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, swap_arguments(
+        coordinator_epoch, writer_node, writer_epoch, key, plan, data_length))
+    assert row is not None
+    if row[0] != "swapped":
+        raise TieringRefused(row[0])
+    return key
+
+
+async def _compose_in_child(children: tiering_child.TieringChildren, objects,
+                            plan: StreamObjectPlan, key: str, index_interval: int,
+                            pace: Pace | None) -> int:
+    """_compose_here's work in a tiering child process; the object's data length."""
+    job = tiering_child.Job(
+        objects.root, objects.fsync, objects.direct, key, str(plan.topic_id),
+        plan.partition, index_interval, 0.0 if pace is None else pace.bytes_per_s,
+        [(r.object_key, r.byte_start, r.byte_end, r.base_offset, r.last_offset)
+         for r in plan.rows])
+    try:
+        outcome = await children.run(job)
+    except tiering_child.Refused as exc:
+        raise TieringRefused(str(exc)) from None
+    _check_offsets(plan, outcome.base_offset, outcome.last_offset)
+    return outcome.data_length
+
+
+def _check_offsets(plan: StreamObjectPlan, base_offset: int | None,
+                   last_offset: int | None) -> None:
+    if (base_offset, last_offset) != (plan.base_offset, plan.last_offset):
+        raise TieringRefused(f"the WAL ranges hold offsets [{base_offset}, {last_offset}], "
+                             f"the index [{plan.base_offset}, {plan.last_offset}]")
+
+
+async def _compose_here(objects, plan: StreamObjectPlan, key: str, index_interval: int,
+                        pace: Pace | None) -> int:
+    """The stream object written from the plan's WAL ranges, in this process; its data
+    length."""
     writer = StreamObjectWriter(plan.topic_id, plan.partition, index_interval=index_interval)
     scan, compose = getattr(objects, "scan", None), getattr(objects, "compose", None)
     if scan is not None and compose is not None:
-        await scan(lambda read_into: _walk_rows(writer, plan.rows, read_into))
+        await scan(lambda read_into: walk_rows(writer, plan.rows, read_into))
         if pace is not None:  # the copy paced a step at a time, not in one burst
             compose = functools.partial(compose, pace=pace.take)
     else:
@@ -467,17 +515,9 @@ async def _write_and_swap(metadata: MetadataStore, objects, coordinator_epoch: i
             if step >= ASSEMBLY_STEP_BYTES:
                 step = 0
                 await trio.lowlevel.checkpoint()
-    if (writer.base_offset, writer.last_offset) != (plan.base_offset, plan.last_offset):
-        raise TieringRefused(f"the WAL ranges hold offsets [{writer.base_offset}, "
-                             f"{writer.last_offset}], the index [{plan.base_offset}, "
-                             f"{plan.last_offset}]")
+    _check_offsets(plan, writer.base_offset, writer.last_offset)
     await compose(key, writer.finish())
-    row = await metadata.fetch_one(IDEMPOTENT, SQL_SWAP, swap_arguments(
-        coordinator_epoch, writer_node, writer_epoch, key, plan, writer.data_length))
-    assert row is not None
-    if row[0] != "swapped":
-        raise TieringRefused(row[0])
-    return key
+    return writer.data_length
 
 
 # The coordinator's hand-off of rounds to writer-lease holders (sql/0014_tiering_writers.sql).

@@ -313,24 +313,42 @@ class FileObjectStore:
                 trio.from_thread.run(pace, nbytes)
         path = self._path(key)
         resolved: list[memoryview | _Ranges] = []
-        ranges = None  # the run of ranges the parts are in
         for n, part in enumerate(parts):
             if n % _RESOLVE_STEP == _RESOLVE_STEP - 1:
                 await trio.lowlevel.checkpoint()
-            if isinstance(part, ObjectRange):
-                check_range(part.start, part.end)
-                if part.end < part.start:
-                    raise ValueError(f"byte range ends before it starts: {part}")
-                if ranges is None:
-                    ranges = _Ranges(self._path)
-                    resolved.append(ranges)
-                ranges.add(part.key, part.start, part.end)
-            else:
-                ranges = None
-                resolved.extend(as_buffers(part))
+            self._resolve(resolved, part)
         await self._run("create", key, lambda: self._create_sync(
             key, path, True,
             lambda fd, direct: self._write_parts(fd, direct, resolved, throttle)))
+
+    def compose_blocking(self, key: str, parts: Sequence[Buffer | ObjectRange],
+                         throttle: Callable[[int], None] | None = None) -> None:
+        """compose where there is no event loop (tiering's child process): the same copy,
+        `throttle(n)` called after each MiB written; OSError as compose raises it."""
+        path = self._path(key)
+        resolved: list[memoryview | _Ranges] = []
+        for part in parts:
+            self._resolve(resolved, part)
+        try:
+            self._create_sync(key, path, True, lambda fd, direct: self._write_parts(
+                fd, direct, resolved, throttle))
+        except OSError as exc:
+            raise self._os_error("create", key, exc) from exc
+
+    def _resolve(self, resolved: list[memoryview | _Ranges], part: Buffer | ObjectRange) -> None:
+        """compose's `part` added to `resolved`: a range to the run of ranges it ends, if
+        it does (one _Ranges per run), a buffer as it is."""
+        if isinstance(part, ObjectRange):
+            check_range(part.start, part.end)
+            if part.end < part.start:
+                raise ValueError(f"byte range ends before it starts: {part}")
+            ranges = resolved[-1] if resolved else None
+            if not isinstance(ranges, _Ranges):
+                ranges = _Ranges(self._path)
+                resolved.append(ranges)
+            ranges.add(part.key, part.start, part.end)
+        else:
+            resolved.extend(as_buffers(part))
 
     def _create_sync(self, key: str, path: str, direct: bool,
                      write: Callable[[int, bool], None]) -> None:
@@ -399,6 +417,10 @@ class FileObjectStore:
         without a hop to a thread, or fresh memory, for each. Each object is opened once."""
         if self._closed:
             raise ObjectStoreError("the object store is closed")
+        return await trio.to_thread.run_sync(lambda: self.scan_blocking(fn))
+
+    def scan_blocking(self, fn: Callable[[ReadInto], T]) -> T:
+        """scan where there is no event loop (tiering's child process), or in a thread."""
         files: dict[str, int] = {}
         current = ""  # the key being read, for the error
 
@@ -416,16 +438,13 @@ class FileObjectStore:
                 got += n
             return got
 
-        def run() -> T:
-            try:
-                return fn(read_into)
-            except OSError as exc:
-                raise self._os_error("get", current, exc) from exc
-            finally:
-                for fd in files.values():
-                    os.close(fd)
-
-        return await trio.to_thread.run_sync(run)
+        try:
+            return fn(read_into)
+        except OSError as exc:
+            raise self._os_error("get", current, exc) from exc
+        finally:
+            for fd in files.values():
+                os.close(fd)
 
     def _get_sync(self, key: str, path: str, start: int, end: int | None, *,
                   view: bool = False) -> bytes | memoryview:
