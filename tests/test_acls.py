@@ -412,6 +412,10 @@ def _describe_quorum():
         partitions=(build(_n(55, 2, "PartitionData"), partition_index=0),)),))
 
 
+def _list_config_resources():
+    return _req(ApiKey.LIST_CONFIG_RESOURCES, 1, resource_types=())
+
+
 def _broker_configs():
     return _req(ApiKey.DESCRIBE_CONFIGS, 4, resources=(build(
         _n(32, 4, "DescribeConfigsResource"), resource_type=4, resource_name="1",
@@ -713,6 +717,9 @@ ROWS = [
     ("IncrementalAlterConfigs of a topic", _incremental_alter_configs("t-cfg2"),
      [("TOPIC", "t-cfg2", "ALTER_CONFIGS")], lambda r: int(r.responses[0].error_code),
      TOPIC_AUTH, 0),
+    ("ListConfigResources describes the cluster's configs", _list_config_resources(),
+     [("CLUSTER", "kafka-cluster", "DESCRIBE_CONFIGS")], lambda r: int(r.error_code),
+     CLUSTER_AUTH, 0),
     ("DescribeQuorum describes the cluster", _describe_quorum(),
      [("CLUSTER", "kafka-cluster", "DESCRIBE")], lambda r: int(r.error_code), CLUSTER_AUTH,
      0),

@@ -447,3 +447,50 @@ async def test_the_nodes_message_max_bytes_is_the_default_of_topics(mink_postgre
         entry, outcome = await trio.to_thread.run_sync(run)
     assert (entry.value, entry.source) == ("2000", ConfigSource.STATIC_BROKER_CONFIG.value)
     assert outcome == [ErrorCode.message_too_large, 0, 0, 1]
+
+
+async def test_list_config_resources_lists_topics_brokers_and_configured_groups(node):
+    """ListConfigResources (API 74; v1 is Kafka 4.1's KIP-1142, v0 its ListClientMetrics-
+    Resources): every topic, every broker and the groups with configs of their own, by
+    type or all at once; a type Mink does not list is UNSUPPORTED_VERSION; v0 lists the
+    client metrics resources, of which Mink has none. kafka-python's list_config_resources
+    (its own integration test's check) reads it."""
+    from kafka import KafkaAdminClient
+
+    def run():
+        create_topic(node, "listed-topic", 1)
+        assert alter(admin(node), "g-listed", ("consumer.session.timeout.ms", "SET", "50000"),
+                     kind="GROUP") is None
+
+        def listed(version, *types):
+            _, response = raw(node, ApiKey.LIST_CONFIG_RESOURCES, lambda schema: build(
+                schema, **({"resource_types": types} if version else {})), version)
+            return response.error_code, [
+                (getattr(r, "resource_type", None), r.resource_name)
+                for r in response.config_resources]
+
+        everything = listed(1)
+        only_groups = listed(1, 32)
+        brokers_and_topics = listed(1, 4, 2)
+        loggers = listed(1, 8)
+        v0 = listed(0)
+        client = KafkaAdminClient(bootstrap_servers=node, request_timeout_ms=TIMEOUT * 1000)
+        try:
+            by_kafka_python = client.list_config_resources()
+        finally:
+            client.close()
+        return everything, only_groups, brokers_and_topics, loggers, v0, by_kafka_python
+
+    everything, only_groups, brokers_and_topics, loggers, v0, by_kafka_python = (
+        await trio.to_thread.run_sync(run))
+    error, resources = everything
+    assert error == ErrorCode.none
+    assert {(32, "g-listed"), (4, "1"), (2, "listed-topic")} <= set(resources)
+    assert {kind for kind, _ in resources} == {2, 4, 32}
+    assert only_groups == (ErrorCode.none, [(32, "g-listed")])
+    assert brokers_and_topics[0] == ErrorCode.none
+    assert {kind for kind, _ in brokers_and_topics[1]} == {2, 4}
+    assert loggers == (ErrorCode.unsupported_version, [])
+    assert v0 == (ErrorCode.none, [])
+    assert by_kafka_python["broker"] == ["1"] and "listed-topic" in by_kafka_python["topic"]
+    assert by_kafka_python["group"] == ["g-listed"]

@@ -61,6 +61,7 @@ class ApiKey(enum.IntEnum):
     LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    LIST_CONFIG_RESOURCES = 74
     DESCRIBE_TOPIC_PARTITIONS = 75
 
 
@@ -86,6 +87,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
     ApiKey.DESCRIBE_QUORUM: (0, 2),
+    ApiKey.LIST_CONFIG_RESOURCES: (0, 1),
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
     # Replica management, mapped onto one replica per partition (its leader)
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 1),
