@@ -203,7 +203,15 @@ async def test_replication_factors_and_assignments_up_to_the_registered_brokers(
                  NewTopic("placed-on-nobody", 1, replica_assignment=[[1, 9]])],
                 operation_timeout=TIMEOUT)
             outcome = {name: error_of(f) for name, f in futures.items()}
-            described = admin.list_topics(timeout=TIMEOUT).topics
+            # the metadata may come from a node whose view has not moved yet (as from a
+            # Kafka broker the controller has not updated yet): until both are there
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                described = admin.list_topics(timeout=TIMEOUT).topics
+                if {"three-copies", "placed-on-two"} <= set(described):
+                    break
+                assert time.monotonic() < deadline, sorted(described)
+                time.sleep(0.05)
             return outcome, {name: {i: (p.leader, p.replicas) for i, p in
                                     described[name].partitions.items()}
                              for name in ("three-copies", "placed-on-two")}
