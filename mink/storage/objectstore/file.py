@@ -10,7 +10,9 @@ Where the filesystem takes O_DIRECT, objects of 256 KiB or more are written, and
 64 KiB or more read, around the page cache (see DIRECT_ALIGN); elsewhere, or with
 `direct=False`, through it.
 
-Every operation is one hop to a worker thread (`trio.to_thread.run_sync`), not one per syscall.
+Every operation is one hop to a worker thread (`trio.to_thread.run_sync`), not one per syscall;
+a small object's create, where the compiled helper was built, a thread of its own that never
+takes the GIL (`_create_file.pyx`).
 Names starting with `.mink-` are reserved for these temporary files and are never listed.
 On a filesystem, a key cannot also be a "directory" of another key ("a" and "a/b").
 """
@@ -268,24 +270,39 @@ class FileObjectStore:
         # (80 KB, a WAL object at 20 MB/s: 0.56-0.61 ms written and fdatasynced, against
         # 0.42-0.45 through the page cache).
         if size < DIRECT_WRITE_ABOVE and _create_file is not None:
-            await self._run("create", key,
-                            lambda: self._create_small_sync(key, path, buffers, size))
+            await self._create_small(key, path, buffers, size)
             return
         await self._run("create", key, lambda: self._create_sync(
             key, path, size >= DIRECT_WRITE_ABOVE,
             lambda fd, direct: self._write_buffers(fd, direct, key, buffers, size)))
 
-    def _create_small_sync(self, key: str, path: str, buffers: list[memoryview],
-                           size: int) -> None:
-        """_create_sync of a small object through the page cache, its syscalls in one
-        compiled call that holds no GIL (see _create_file.pyx); where its directory is
-        missing (or a parent is an object), _create_sync's way, which makes or explains it."""
+    async def _create_small(self, key: str, path: str, buffers: list[memoryview],
+                            size: int) -> None:
+        """_create_sync of a small object through the page cache, its syscalls in a thread
+        of the compiled helper's own that never takes the GIL (see _create_file.pyx). Its
+        wait is shielded: the thread writes from the caller's buffers until it ends, and a
+        create's syscalls end (a worker thread's are not abandoned either). Where the
+        directory is missing (or a parent is an object), _create_sync's way, which makes or
+        explains it."""
+        if self._closed:
+            raise ObjectStoreError("the object store is closed")
         parent = os.path.dirname(path)
         tmp = os.path.join(parent, f"{RESERVED}tmp-{secrets.token_hex(8)}")
-        stage, err = _create_file.create_file(os.fsencode(tmp), os.fsencode(path),
-                                              os.fsencode(parent), buffers, self.fsync)
-        if stage == _create_file.CREATED:
-            return
+        job = _create_file.CreateJob(os.fsencode(tmp), os.fsencode(path), os.fsencode(parent),
+                                     buffers, self.fsync)
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.wait_readable(job.fileno)
+            stage, err = job.result()
+        finally:
+            trio.lowlevel.notify_closing(job.fileno)
+            job.close()
+        if stage != _create_file.CREATED:
+            await self._run("create", key, lambda: self._not_created_small(
+                key, path, buffers, size, stage, err))
+
+    def _not_created_small(self, key: str, path: str, buffers: list[memoryview], size: int,
+                           stage: int, err: int) -> None:
         if stage == _create_file.OPEN and err in (errno.ENOENT, errno.ENOTDIR):
             self._create_sync(key, path, False,
                               lambda fd, direct: self._write_buffers(fd, False, key, buffers, size))
