@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A small object's create (a WAL object) in a thread of its own that never takes the GIL:
-the temporary file opened, written, fdatasynced and closed, linked to its name
+"""A small object's create (a WAL object) in threads of this helper's own that never take
+the GIL: the temporary file opened, written, fdatasynced and closed, linked to its name
 (create-if-absent), unlinked, and its directory fsynced; its end signalled on an eventfd,
 which the event loop waits on like a socket.
 
@@ -12,7 +12,8 @@ still took the GIL twice, to start and to return (a WAL object's create beside a
 never takes it leaves only the loop's wake-up on the eventfd (1.6-2.7 ms against 2.4-3.5 in
 trio's worker thread, the same benchmark's busy loop, alternated).
 
-CreateJob(tmp, path, parent, buffers, sync) starts the thread; once `fileno` is readable,
+CreateJob(tmp, path, parent, buffers, sync) queues the create for those threads (at most
+WORKERS_AT_MOST, started as creates need them and parked between them); once `fileno` is readable,
 `result()` -> (stage, errno): (CREATED, 0) when the object is there; otherwise the stage
 that failed (OPEN: nothing was made; WRITE: the write, fdatasync or close; LINK: link(tmp,
 path), EEXIST if the name is taken; UNLINK: the object is there but the temporary name
@@ -116,9 +117,26 @@ cdef int _create(const char* tmp, const char* path, const char* parent, iovec* i
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_t:
         pass
-    int pthread_create(pthread_t* thread, const void* attr, void* (*start)(void*) noexcept nogil,
-                       void* arg)
-    int pthread_join(pthread_t thread, void** result)
+    ctypedef struct pthread_attr_t:
+        pass
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
+                       void* (*start)(void*) noexcept nogil, void* arg)
+    int pthread_attr_init(pthread_attr_t* attr)
+    int pthread_attr_setdetachstate(pthread_attr_t* attr, int state)
+    int pthread_attr_destroy(pthread_attr_t* attr)
+    int PTHREAD_CREATE_DETACHED
+    int pthread_mutex_init(pthread_mutex_t* mutex, const void* attr)
+    int pthread_mutex_lock(pthread_mutex_t* mutex)
+    int pthread_mutex_unlock(pthread_mutex_t* mutex)
+    int pthread_cond_init(pthread_cond_t* cond, const void* attr)
+    int pthread_cond_wait(pthread_cond_t* cond, pthread_mutex_t* mutex)
+    int pthread_cond_signal(pthread_cond_t* cond)
+    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
+                       void (*child)() noexcept nogil)
 
 cdef extern from "<signal.h>" nogil:
     ctypedef struct sigset_t:
@@ -133,6 +151,14 @@ cdef extern from "<sys/eventfd.h>" nogil:
     int EFD_CLOEXEC
     int EFD_NONBLOCK
 
+cdef extern from "<poll.h>" nogil:
+    cdef struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd* fds, unsigned long nfds, int timeout)
+    short POLLIN
+
 
 cdef struct _Job:
     const char* tmp
@@ -144,31 +170,115 @@ cdef struct _Job:
     int stage
     int error
     int done_fd
+    _Job* next
 
 
-cdef void* _run_job(void* arg) noexcept nogil:
-    cdef _Job* job = <_Job*>arg
+# The creates' threads: started as jobs need them, at most MAX_WORKERS, parked on a
+# condition variable between jobs for the process's lifetime (a thread started per job
+# cost the event loop 80 us a create under load). Their signals are blocked: the
+# interpreter's handlers run in the main thread.
+cdef enum:
+    MAX_WORKERS = 4
+
+cdef pthread_mutex_t _lock
+cdef pthread_cond_t _wake
+cdef _Job* _head = NULL
+cdef _Job* _tail = NULL
+cdef int _queued = 0
+cdef int _waiting = 0
+cdef int _workers = 0
+WORKERS_AT_MOST = MAX_WORKERS
+
+
+cdef void* _work(void* arg) noexcept nogil:
+    global _head, _tail, _queued, _waiting
+    cdef _Job* job
+    cdef int done_fd
     cdef uint64_t one = 1
-    job.stage = _create(job.tmp, job.path, job.parent, job.iov, job.count, job.sync, &job.error)
-    write(job.done_fd, &one, sizeof(one))  # an eventfd: 8 bytes, never blocks at 1
+    while True:
+        pthread_mutex_lock(&_lock)
+        while _head == NULL:
+            _waiting += 1
+            pthread_cond_wait(&_wake, &_lock)
+            _waiting -= 1
+        job = _head
+        _head = job.next
+        if _head == NULL:
+            _tail = NULL
+        _queued -= 1
+        pthread_mutex_unlock(&_lock)
+        job.stage = _create(job.tmp, job.path, job.parent, job.iov, job.count, job.sync,
+                            &job.error)
+        done_fd = job.done_fd
+        # The last touch of the job: its owner may let it go once the eventfd is readable.
+        write(done_fd, &one, sizeof(one))  # an eventfd: 8 bytes, never blocks at 1
     return NULL
 
 
+cdef int _submit(_Job* job) noexcept nogil:
+    """Queues the job, waking a parked thread or starting one; 0, or the errno of a thread
+    that could not be started when there is none to run it (then it is not queued)."""
+    global _head, _tail, _queued, _workers
+    cdef pthread_t thread
+    cdef pthread_attr_t attr
+    cdef sigset_t all_signals, previous
+    cdef int err = 0
+    pthread_mutex_lock(&_lock)
+    job.next = NULL
+    if _tail == NULL:
+        _head = job
+    else:
+        _tail.next = job
+    _tail = job
+    _queued += 1
+    if _waiting >= _queued:
+        pthread_cond_signal(&_wake)
+    elif _workers < MAX_WORKERS:
+        pthread_attr_init(&attr)
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED)
+        sigfillset(&all_signals)
+        pthread_sigmask(SIG_BLOCK, &all_signals, &previous)
+        err = pthread_create(&thread, &attr, _work, NULL)
+        pthread_sigmask(SIG_SETMASK, &previous, NULL)
+        pthread_attr_destroy(&attr)
+        if err == 0:
+            _workers += 1
+        elif _workers > 0:
+            err = 0  # a running thread takes it in turn
+        else:  # nobody to run it: take it back (it is the only one queued)
+            _head = _tail = NULL
+            _queued = 0
+    pthread_mutex_unlock(&_lock)
+    return err
+
+
+cdef void _forget_workers() noexcept nogil:
+    """In a forked child: the threads were not copied, and the lock may have been held."""
+    global _head, _tail, _queued, _waiting, _workers
+    pthread_mutex_init(&_lock, NULL)
+    pthread_cond_init(&_wake, NULL)
+    _head = _tail = NULL
+    _queued = _waiting = _workers = 0
+
+
+pthread_mutex_init(&_lock, NULL)
+pthread_cond_init(&_wake, NULL)
+pthread_atfork(NULL, NULL, _forget_workers)
+
+
 cdef class CreateJob:
-    """One create, its thread started at once (see the module's docstring). The buffers are
-    held until the thread ended: `close()`, or the job's collection, waits for it (without
-    the GIL) before it lets them and the eventfd go."""
+    """One create, queued for the creates' threads at once (see the module's docstring).
+    The buffers are held until its thread is done with it: `close()`, or the job's
+    collection, waits for that (without the GIL) before it lets them and the eventfd go."""
 
     cdef _Job job
     cdef bytes _tmp, _path, _parent
     cdef Py_buffer* views
     cdef Py_ssize_t held
-    cdef pthread_t thread
-    cdef bint started
+    cdef bint submitted
 
     def __cinit__(self, bytes tmp, bytes path, bytes parent, list buffers, bint sync):
         cdef Py_ssize_t count = len(buffers)
-        cdef sigset_t all_signals, previous
         cdef int err
         self.job.done_fd = -1
         self.views = <Py_buffer*>malloc(max(count, 1) * sizeof(Py_buffer))
@@ -187,34 +297,36 @@ cdef class CreateJob:
         self.job.done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)
         if self.job.done_fd < 0:
             raise OSError(errno, strerror(errno).decode())
-        # No signal for this thread: the interpreter's handlers run in the main thread.
-        sigfillset(&all_signals)
-        pthread_sigmask(SIG_BLOCK, &all_signals, &previous)
-        err = pthread_create(&self.thread, NULL, _run_job, &self.job)
-        pthread_sigmask(SIG_SETMASK, &previous, NULL)
+        err = _submit(&self.job)
         if err != 0:
             raise OSError(err, strerror(err).decode())
-        self.started = True
+        self.submitted = True
 
     @property
     def fileno(self) -> int:
         return self.job.done_fd
 
     def result(self):
-        """(stage, errno); waits for the thread if it still runs."""
-        self._join()
+        """(stage, errno); waits for the job's thread if it is not done with it yet."""
+        self._wait()
         return self.job.stage, self.job.error
 
     def close(self):
-        """Waits for the thread if it runs, then lets the buffers and the eventfd go."""
-        self._join()
+        """Waits for the job's thread if it is not done with it yet, then lets the buffers
+        and the eventfd go."""
+        self._wait()
         self._release()
 
-    cdef void _join(self) noexcept:
-        if self.started:
-            with nogil:
-                pthread_join(self.thread, NULL)
-            self.started = False
+    cdef void _wait(self) noexcept:
+        cdef pollfd ready
+        if not self.submitted:
+            return
+        ready.fd = self.job.done_fd
+        ready.events = POLLIN
+        with nogil:
+            while poll(&ready, 1, -1) != 1:
+                pass
+        self.submitted = False
 
     cdef void _release(self) noexcept:
         cdef Py_ssize_t i
@@ -231,5 +343,5 @@ cdef class CreateJob:
             self.job.done_fd = -1
 
     def __dealloc__(self):
-        self._join()
+        self._wait()
         self._release()

@@ -11,8 +11,8 @@ Where the filesystem takes O_DIRECT, objects of 256 KiB or more are written, and
 `direct=False`, through it.
 
 Every operation is one hop to a worker thread (`trio.to_thread.run_sync`), not one per syscall;
-a small object's create, where the compiled helper was built, a thread of its own that never
-takes the GIL (`_create_file.pyx`).
+a small object's create, where the compiled helper was built, a thread of the helper's own
+that never takes the GIL (`_create_file.pyx`).
 Names starting with `.mink-` are reserved for these temporary files and are never listed.
 On a filesystem, a key cannot also be a "directory" of another key ("a" and "a/b").
 """
@@ -279,7 +279,8 @@ class FileObjectStore:
     async def _create_small(self, key: str, path: str, buffers: list[memoryview],
                             size: int) -> None:
         """_create_sync of a small object through the page cache, its syscalls in a thread
-        of the compiled helper's own that never takes the GIL (see _create_file.pyx). Its
+        of the compiled helper's own that never takes the GIL (see _create_file.pyx); a
+        thread that cannot be started is ObjectStoreUnavailable when none runs. Its
         wait is shielded: the thread writes from the caller's buffers until it ends, and a
         create's syscalls end (a worker thread's are not abandoned either). Where the
         directory is missing (or a parent is an object), _create_sync's way, which makes or
@@ -288,8 +289,11 @@ class FileObjectStore:
             raise ObjectStoreError("the object store is closed")
         parent = os.path.dirname(path)
         tmp = os.path.join(parent, f"{RESERVED}tmp-{secrets.token_hex(8)}")
-        job = _create_file.CreateJob(os.fsencode(tmp), os.fsencode(path), os.fsencode(parent),
-                                     buffers, self.fsync)
+        try:
+            job = _create_file.CreateJob(os.fsencode(tmp), os.fsencode(path),
+                                         os.fsencode(parent), buffers, self.fsync)
+        except OSError as exc:  # no eventfd, or no thread to run it (EAGAIN, EMFILE)
+            raise self._os_error("create", key, exc) from exc
         try:
             with trio.CancelScope(shield=True):
                 await trio.lowlevel.wait_readable(job.fileno)
