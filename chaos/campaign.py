@@ -24,7 +24,7 @@ from typing import Any
 from chaos import nemesis
 from chaos.history import History
 from chaos.services import (FakeClock, Moto, Node, Postgres, S3FaultProxy, faketime_available,
-                            mink_command)
+                            mink_command, remove_faketime_leftovers)
 from chaos.workload import (ConfluentProducer, GroupConsumer, KafkaPythonProducer,
                             TransactionalProducer, final_read)
 
@@ -73,6 +73,7 @@ class Campaign:
         self.pg_proxy_node = 3
         self.clock_node = 2
         self.pg_clock: FakeClock | None = None
+        self.started_at = time.time()  # libfaketime's leftovers since then are removed at close
         self.node_clock: FakeClock | None = None
 
     # -- helpers used by the faults ------------------------------------------------------------
@@ -343,6 +344,8 @@ class Campaign:
             self.history.close()
         except Exception:
             pass
+        if self.pg_clock is not None or self.node_clock is not None:
+            remove_faketime_leftovers(self.started_at)
         logs = self.logs_dir
         for path in list(self.work_dir.glob("*.log")) + list(self.work_dir.glob("postgres/*.log")):
             shutil.copy(path, logs / path.name)

@@ -88,6 +88,34 @@ def faketime_available() -> bool:
     return Path(FAKETIME_LIB).exists()
 
 
+def remove_faketime_leftovers(since: float, shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """libfaketime makes `faketime_shm_<pid>` and `sem.faketime_sem_<pid>` in /dev/shm for
+    each process it is loaded into, and removes them only when that process exits normally:
+    a process the campaign killed (or one of its children) leaves them. Removes those made
+    since `since` (a time.time()) whose process is gone; returns their names."""
+    removed = []
+    for path in list(shm_dir.glob("faketime_shm_*")) + list(shm_dir.glob("sem.faketime_sem_*")):
+        try:
+            pid = int(path.name.rsplit("_", 1)[1])
+            if path.stat().st_mtime < since or _alive(pid):
+                continue
+            path.unlink()
+            removed.append(path.name)
+        except (ValueError, OSError):
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
 
