@@ -36,7 +36,8 @@ def extensions():
     return cythonize(["mink/protocol/_record_walk.pyx",
                       "mink/storage/objectstore/_direct_read.pyx",
                       "mink/storage/objectstore/_range_copy.pyx",
-                      "mink/storage/objectstore/_create_file.pyx"], quiet=True,
+                      "mink/storage/objectstore/_create_file.pyx",
+                      "mink/storage/lifecycle/_parent_watch.pyx"], quiet=True,
                      compiler_directives={"language_level": 3})
 
 

@@ -6,7 +6,9 @@ a changed index refused; WAL objects collected once their last row is swapped.""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import random
+import uuid
 
 import pytest
 import trio
@@ -1221,17 +1223,22 @@ async def test_a_job_in_a_tiering_child_writes_the_same_object_at_idle_priority(
         metadata, nursery, tmp_path):
     """On file:// a node's jobs walk and copy in a child process (tiering_child.py) under
     SCHED_IDLE: the object is byte for byte the one assembled in memory, the walk's
-    refusals and the store's errors come back as themselves, a child is kept between jobs,
-    one whose job is cancelled is killed and replaced, and closing kills them all."""
+    refusals and the store's errors come back as themselves, the child's walk and copy are
+    counted by the node's store metrics as a get and a create, a child is kept between
+    jobs, one whose job is cancelled is killed and replaced, and closing kills them all."""
     import functools
     import os
     import signal
 
     from mink.storage.lifecycle.tiering_child import TieringChildren
     from mink.storage.objectstore import ObjectNotFound, open_object_store
+    from mink.storage.objectstore.instrumented import InstrumentedObjectStore
     from mink.storage.stream_object import StreamObjectError, StreamObjectWriter
 
     files = open_object_store(tmp_path.as_uri())
+    operations: list[tuple[str, bool]] = []
+    counted = InstrumentedObjectStore(
+        files, lambda operation, seconds, failed: operations.append((operation, failed)))
     topic = await make_topic(metadata, 1)
     streams = await Node(metadata, files, 1).start(nursery)
     log = await streams.open(topic.topic_id, 0, 0)
@@ -1264,9 +1271,10 @@ async def test_a_job_in_a_tiering_child_writes_the_same_object_at_idle_priority(
                                               changed(byte_start=last.byte_start + 1),
                                               children=children)
         with pytest.raises(ObjectNotFound):
-            await tiering.write_stream_object(metadata, files, epoch,
+            await tiering.write_stream_object(metadata, counted, epoch,
                                               changed(object_key="wal/missing"),
                                               children=children)
+        assert operations == [("get", False)], "a missing object is an answer, not a failure"
         with pytest.raises(tiering.TieringRefused, match="offsets"):
             await tiering.write_stream_object(metadata, files, epoch,
                                               changed(last_offset=last.last_offset + 1),
@@ -1286,8 +1294,10 @@ async def test_a_job_in_a_tiering_child_writes_the_same_object_at_idle_priority(
         assert await tiering.open_uploads(metadata) == []
         assert not children.broken
 
-        key = await tiering.write_stream_object(metadata, files, epoch, plan,
+        operations.clear()
+        key = await tiering.write_stream_object(metadata, counted, epoch, plan,
                                                 children=children)
+        assert operations == [("get", False), ("create", False)]
         (second,) = children.pids()
         assert second != pid
     assert gone(second), "closed: its children killed"
@@ -1299,6 +1309,42 @@ async def test_a_job_in_a_tiering_child_writes_the_same_object_at_idle_priority(
     cold = _reader(Streams(1, streams.node_epoch, files, metadata), topic.topic_id, 0,
                    await metadata.stream_state(topic.topic_id, 0))
     assert values_of(await cold.read(0, 100 << 20)) == before
+
+
+async def test_a_child_that_cannot_start_leaves_the_copy_to_the_node_for_a_while(
+        monkeypatch, tmp_path):
+    """A tiering child that cannot be started fails its job (ObjectStoreError) and turns
+    the next ones to the node's threads, for RETRY_CHILDREN_AFTER_S only: then children
+    are tried again, and one that starts is used."""
+    from mink.storage.lifecycle import tiering_child
+    from mink.storage.objectstore import ObjectNotFound, ObjectStoreError
+
+    monkeypatch.setattr(tiering_child, "RETRY_CHILDREN_AFTER_S", 0.3)
+    real_start = tiering_child._Child.start
+    starts = []
+
+    async def failing_start(cls):
+        starts.append(trio.current_time())
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(tiering_child._Child, "start", classmethod(failing_start))
+    # a WAL object that is not there: a child that runs it answers ObjectNotFound
+    job = tiering_child.Job(str(tmp_path), False, False, "stream/k", str(uuid.uuid4()), 0, 0,
+                            0.0, [("wal/missing", 0, 10, 0, 0)])
+    async with tiering_child.TieringChildren() as children:
+        assert not children.broken
+        with pytest.raises(ObjectStoreError, match="no tiering child process"):
+            await children.run(job)
+        assert children.broken
+        monkeypatch.setattr(tiering_child._Child, "start", real_start)
+        with trio.fail_after(5):
+            while children.broken:
+                await trio.sleep(0.05)
+        assert trio.current_time() - starts[0] >= 0.3
+        with pytest.raises(ObjectNotFound):
+            await children.run(job)
+        assert len(children.pids()) == 1, "a child started, and is kept"
+    assert len(starts) == 1
 
 
 async def test_rows_retention_is_about_to_delete_are_not_planned(metadata, objects, nursery):

@@ -21,10 +21,12 @@ and an object it finished after its node died is an upload the sweep deletes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 
 import msgspec
 import trio
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 LENGTH = struct.Struct(">I")
 # How long a child may take to start and answer its first hello.
 START_TIMEOUT_S = 30.0
+RETRY_CHILDREN_AFTER_S = 60.0  # after a child could not be started
 
 
 class Job(msgspec.Struct, array_like=True):
@@ -62,13 +65,20 @@ class Job(msgspec.Struct, array_like=True):
 
 class Outcome(msgspec.Struct, array_like=True):
     """The object's offsets and data length, or the error (`error`: a class name of
-    ERRORS) that the same work in the node would have raised."""
+    ERRORS) that the same work in the node would have raised. `operations`: the store
+    operations it made as the node's metrics count them, (operation, seconds, failed):
+    the walk one "get", the copy one "create"."""
 
     base_offset: int = -1
     last_offset: int = -1
     data_length: int = 0
     error: str = ""
     message: str = ""
+    operations: list[tuple[str, float, bool]] = msgspec.field(default_factory=list)
+
+
+# (operation, seconds, failed), as InstrumentedObjectStore's Observe
+Observed = Callable[[str, float, bool], None]
 
 
 class Refused(Exception):
@@ -148,8 +158,10 @@ class TieringChildren:
     def __init__(self) -> None:
         self._idle: list[_Child] = []
         self._closed = False
-        # Set when a child could not be started: tiering copies in the node's threads.
-        self.broken = False
+        # Until then (after a child could not be started) tiering copies in the node's
+        # threads; then children are tried again, so that a moment of overload does not
+        # cost the node its idle-priority copies for the rest of its life.
+        self._broken_until = -math.inf
 
     async def __aenter__(self) -> TieringChildren:
         return self
@@ -157,16 +169,20 @@ class TieringChildren:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def run(self, job: Job) -> Outcome:
+    async def run(self, job: Job, observed: Observed | None = None) -> Outcome:
         """The job's outcome from a child; raises the store's or the walk's error as the
-        job in the node would (Refused for TieringRefused)."""
+        job in the node would (Refused for TieringRefused). `observed(operation, seconds,
+        failed)` is told the store operations the child made, as the node's metrics count
+        them (InstrumentedObjectStore.observed)."""
         child = self._idle.pop() if self._idle else None
         if child is None:
             try:
                 child = await _Child.start()
             except (OSError, trio.TooSlowError, ObjectStoreError) as exc:
-                self.broken = True  # this job fails; the next ones copy in the node
-                log.warning("tiering copies in the node's threads: no child process (%r)", exc)
+                # this job fails; the next ones copy in the node for a while
+                self._broken_until = trio.current_time() + RETRY_CHILDREN_AFTER_S
+                log.warning("tiering copies in the node's threads for %.0f s: no child "
+                            "process (%r)", RETRY_CHILDREN_AFTER_S, exc)
                 raise ObjectStoreError(f"no tiering child process: {exc!r}") from exc
         answered = False
         try:
@@ -177,9 +193,17 @@ class TieringChildren:
                 self._idle.append(child)
             else:  # cancelled mid-job, or it died: what it is doing is unknown
                 await child.kill()
+        if observed is not None:
+            for operation, seconds, failed in outcome.operations:
+                observed(operation, seconds, failed)
         if outcome.error:
             raise ERRORS.get(outcome.error, ObjectStoreError)(outcome.message)
         return outcome
+
+    @property
+    def broken(self) -> bool:
+        """True for a while after a child could not be started: copy in the node."""
+        return trio.current_time() < self._broken_until
 
     def pids(self) -> list[int]:
         return [c.process.pid for c in self._idle]

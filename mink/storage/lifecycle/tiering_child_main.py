@@ -5,6 +5,7 @@ parent goes."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -23,6 +24,7 @@ from mink.storage.lifecycle.tiering_child import (
     Refused,
     frame,
 )
+from mink.storage.objectstore.base import ObjectExists, ObjectNotFound
 from mink.storage.objectstore.file import FileObjectStore
 from mink.storage.stream_object import StreamObjectWriter
 
@@ -33,18 +35,38 @@ def run_job(job: Job) -> Outcome:
     writer = StreamObjectWriter(uuid.UUID(job.topic_id), job.partition,
                                 index_interval=job.index_interval)
     rows = [WalRow(base, last, key, start, end) for key, start, end, base, last in job.rows]
+    operations: list[tuple[str, float, bool]] = []
     try:
-        store.scan_blocking(lambda read_into: walk_rows(writer, rows, read_into))
+        with _timed(operations, "get"):
+            store.scan_blocking(lambda read_into: walk_rows(writer, rows, read_into))
         if (writer.base_offset, writer.last_offset) != (rows[0].base_offset,
                                                         rows[-1].last_offset):
             return Outcome(_or_minus_one(writer.base_offset),  # the node refuses it
-                           _or_minus_one(writer.last_offset))
-        store.compose_blocking(job.key, writer.finish(), _throttle(job.bytes_per_s))
+                           _or_minus_one(writer.last_offset), operations=operations)
+        with _timed(operations, "create"):
+            store.compose_blocking(job.key, writer.finish(), _throttle(job.bytes_per_s))
     except TieringRefused as exc:
-        return Outcome(error=Refused.__name__, message=exc.reason)
+        return Outcome(error=Refused.__name__, message=exc.reason, operations=operations)
     except tuple(ERRORS.values()) as exc:
-        return Outcome(error=type(exc).__name__, message=str(exc))
-    return Outcome(writer.base_offset, writer.last_offset, writer.data_length)
+        return Outcome(error=type(exc).__name__, message=str(exc), operations=operations)
+    return Outcome(writer.base_offset, writer.last_offset, writer.data_length,
+                   operations=operations)
+
+
+@contextlib.contextmanager
+def _timed(operations: list[tuple[str, float, bool]], operation: str):
+    """As the node's InstrumentedObjectStore counts the same call made in the node: its
+    time, and failed unless it ended or raised an answer (a missing object, a taken key)."""
+    started = time.monotonic()
+    failed = True
+    try:
+        yield
+        failed = False
+    except (ObjectNotFound, ObjectExists):
+        failed = False
+        raise
+    finally:
+        operations.append((operation, time.monotonic() - started, failed))
 
 
 def _or_minus_one(offset: int | None) -> int:
@@ -74,9 +96,19 @@ def _read_exactly(stream, n: int) -> bytes | None:
 
 
 def _die_with(parent: int) -> None:
-    """Exit within a second of the node (`parent`) going, even mid-job. Not
-    PR_SET_PDEATHSIG: that follows the thread that started the child, and trio starts
-    processes from worker threads that end when idle."""
+    """Exit within a second of the node (`parent`) going, even mid-job, even with the cores
+    busy: the compiled watch takes no GIL (_parent_watch.pyx says why that matters); a
+    Python thread where it was not built. Not PR_SET_PDEATHSIG: that follows the thread
+    that started the child, and trio starts processes from worker threads that end when
+    idle. Called before the priority is lowered: the watch keeps the normal one."""
+    try:
+        from mink.storage.lifecycle._parent_watch import exit_with_parent
+    except ImportError:  # pragma: no cover - depends on the build
+        exit_with_parent = None
+    if exit_with_parent is not None:
+        exit_with_parent(parent, 200)
+        return
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
