@@ -81,6 +81,8 @@ class KafkaBenchConfig:
     latency_rates_mb_s: list[float] = field(default_factory=lambda: [5.0, 20.0, 50.0])
     latency_partitions: int = 3
     latency_seconds: float = 30.0
+    # sent at the same rate before each window, unmeasured (0: the window starts cold)
+    latency_warmup_seconds: float = 0.0
     # 3. end-to-end
     e2e_rate_mb_s: float = 5.0
     e2e_seconds: float = 30.0
@@ -818,7 +820,9 @@ def run_latency(bench: Bench, node: Node, store: str, rate: float) -> dict[str, 
     result = bench.measure("paced", {
         "bootstrap": node.address, "topic": topic, "partitions": cfg.latency_partitions,
         "value_bytes": cfg.value_bytes, "duration": cfg.latency_seconds, "rate_mb_s": rate,
-        "producer_config": cfg.producer_latency}, [node], cfg.latency_seconds + 180,
+        "warmup_seconds": cfg.latency_warmup_seconds,
+        "producer_config": cfg.producer_latency}, [node],
+        cfg.latency_warmup_seconds + cfg.latency_seconds + 180,
         profile=f"latency-{store}-{int(rate)}")
     result.update({"store": store, "topic": topic,
                    "wal_max_delay_ms": WAL_MAX_DELAY_MS[store]})
@@ -1366,6 +1370,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="latency scenario: the offered rates (default 5,20,50)")
     parser.add_argument("--latency-seconds", type=float, metavar="S",
                         help="latency scenario: the window per rate (default 30)")
+    parser.add_argument("--latency-warmup-seconds", type=float, metavar="S",
+                        help="latency scenario: sent at the rate before each window, "
+                             "unmeasured (default 0: the window starts cold)")
     parser.add_argument("--catchup-mb", type=int, metavar="MB",
                         help="catch-up: MB written, then read back (default 1000)")
     parser.add_argument("--catchup-consumer", choices=("tuned", "default"), default="tuned",
@@ -1391,6 +1398,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.latency_rates_mb_s = [float(r) for r in args.rates.split(",") if r.strip()]
     if args.latency_seconds:
         cfg.latency_seconds = args.latency_seconds
+    if args.latency_warmup_seconds:
+        cfg.latency_warmup_seconds = args.latency_warmup_seconds
     if args.catchup_mb:
         cfg.catchup_mb = args.catchup_mb
     if args.catchup_consumer == "default":

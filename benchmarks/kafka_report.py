@@ -318,7 +318,10 @@ def markdown(report: dict[str, Any], json_name: str, plots: list[str]) -> str:
     if report.get("latency"):
         md += ["## 2. Produce latency at fixed rates (open loop)", ""]
         md.append(f"Sends paced in 1 ms slices whatever the acks do, {cfg['latency_partitions']} "
-                  f"partitions, {cfg['latency_seconds']:g} s per rate, producer settings "
+                  f"partitions, {cfg['latency_seconds']:g} s per rate"
+                  + (f" after {cfg['latency_warmup_seconds']:g} s at the rate, unmeasured"
+                     if cfg.get("latency_warmup_seconds") else "")
+                  + ", producer settings "
                   f"`{json.dumps(cfg['producer_latency'])}`. Latency: delivery report - "
                   "produce() call, in the producer process.")
         md += ["", markdown_table(*latency_table(report)), ""]

@@ -215,7 +215,9 @@ SLICE_NS = 1_000_000
 def paced(params: dict) -> dict:
     """Messages at a fixed rate, sent in 1 ms slices whatever the acks do; latency = delivery
     report time - produce() time (the send time travels in the key, 8 bytes). With `stamp`
-    the value's first 8 bytes carry it too, for a tailing consumer."""
+    the value's first 8 bytes carry it too, for a tailing consumer. With `warmup_seconds`
+    the same rate is sent that long first, unmeasured (a steady state rather than a start);
+    its messages' latencies are never counted, even if they are delivered in the window."""
     topic, size = params["topic"], params["value_bytes"]
     partitions = list(range(params["partitions"]))
     rate = params["rate_mb_s"] * MB
@@ -223,7 +225,7 @@ def paced(params: dict) -> dict:
     stamp = params.get("stamp", False)
     latencies: list[int] = []
     sent_at: list[int] = []  # each latency's produce() time, for the p99 of each second
-    stats = {"errors": Counter(), "last_ack": 0}
+    stats = {"errors": Counter(), "last_ack": 0, "counted_from": 0}
 
     def on_delivery(err, msg, _now=time.monotonic_ns, _unpack=STAMP.unpack):
         now = _now()
@@ -231,46 +233,57 @@ def paced(params: dict) -> dict:
             stats["errors"][err.name()] += 1
             return
         t = _unpack(msg.key())[0]
+        if t < stats["counted_from"]:
+            return
         latencies.append(now - t)
         sent_at.append(t)
         stats["last_ack"] = now
 
     producer = _producer(params, on_delivery)
     _warm_up(producer, params, topic, partitions, size)
-    latencies.clear()
-    sent_at.clear()
     values = _values(size)
     tails = [v[8:] for v in values]
     n_values, n_parts = len(values), len(partitions)
+    produce_, now_ns, pack = producer.produce, time.monotonic_ns, STAMP.pack
+
+    def send_paced(start: int, seconds: float) -> tuple[int, int, list[int]]:
+        end = start + int(seconds * 1e9)
+        total = int((end - start) / interval_ns)
+        lags: list[int] = []
+        sent = queue_full = 0
+        while sent < total:
+            now = now_ns()
+            due = min(total, int((now - start) / interval_ns) + 1) if now >= start else 0
+            if due > sent:
+                lags.append(now - int(start + sent * interval_ns))
+            while sent < due:
+                t = now_ns()
+                key = pack(t)
+                value = key + tails[sent % n_values] if stamp else values[sent % n_values]
+                try:
+                    produce_(topic, value, key=key, partition=partitions[sent % n_parts])
+                except BufferError:
+                    queue_full += 1
+                    producer.poll(0.0005)
+                    continue
+                sent += 1
+            # Sleep to the next slice (librdkafka's poll counts whole ms): at 20 MB/s a
+            # message is due every 49 us, and waking for each one cost the generator a third
+            # of a core on a machine whose two cores it shares with the node.
+            wake = max(start + sent * interval_ns, now_ns() + SLICE_NS)
+            producer.poll(min(max((wake - now_ns()) / 1e9, 0.001), 0.01))
+        return sent, queue_full, lags
+
+    warmup = params.get("warmup_seconds", 0)
+    if warmup:
+        send_paced(time.monotonic_ns(), warmup)
     emit("START")
     cpu0 = cpu_seconds()
     start = time.monotonic_ns() + 2_000_000
-    end = start + int(params["duration"] * 1e9)
-    total = int((end - start) / interval_ns)
-    lags: list[int] = []
-    sent = queue_full = 0
-    produce_, now_ns, pack = producer.produce, time.monotonic_ns, STAMP.pack
-    while sent < total:
-        now = now_ns()
-        due = min(total, int((now - start) / interval_ns) + 1) if now >= start else 0
-        if due > sent:
-            lags.append(now - int(start + sent * interval_ns))
-        while sent < due:
-            t = now_ns()
-            key = pack(t)
-            value = key + tails[sent % n_values] if stamp else values[sent % n_values]
-            try:
-                produce_(topic, value, key=key, partition=partitions[sent % n_parts])
-            except BufferError:
-                queue_full += 1
-                producer.poll(0.0005)
-                continue
-            sent += 1
-        # Sleep to the next slice (librdkafka's poll counts whole ms): at 20 MB/s a message
-        # is due every 49 us, and waking for each one cost the generator a third of a core
-        # on a machine whose two cores it shares with the node.
-        wake = max(start + sent * interval_ns, now_ns() + SLICE_NS)
-        producer.poll(min(max((wake - now_ns()) / 1e9, 0.001), 0.01))
+    latencies.clear()
+    sent_at.clear()
+    stats["counted_from"] = start
+    sent, queue_full, lags = send_paced(start, params["duration"])
     send_end = now_ns()
     remaining = producer.flush(120)
     finished = now_ns()
