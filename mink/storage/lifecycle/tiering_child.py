@@ -13,7 +13,8 @@ part of a job (begin, the pace, the swap) stays where it was: only the copy move
 mink.storage.lifecycle.tiering_child_main PARENT_PID`) answers one
 `Outcome` per job, in msgpack frames of a 4-byte length on its stdin and stdout. A child
 whose job was cancelled, timed out or failed to answer is killed, not reused; a child exits
-within a second of its node, so a node killed mid-round leaves no copy running for long. A
+within a fraction of a second of its node, even with the cores busy (its watch is a
+compiled thread that needs no GIL), so a node killed mid-round leaves no copy running. A
 child's unfinished object is a temporary file (`.mink-tmp-*`) that never became an object,
 and an object it finished after its node died is an upload the sweep deletes.
 """
