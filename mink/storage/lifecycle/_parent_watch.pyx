@@ -14,26 +14,7 @@ from libc.string cimport strerror
 from posix.types cimport pid_t
 from posix.unistd cimport _exit, getppid, usleep
 
-
-cdef extern from "<pthread.h>" nogil:
-    ctypedef struct pthread_t:
-        pass
-    ctypedef struct pthread_attr_t:
-        pass
-    int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
-                       void* (*start)(void*) noexcept nogil, void* arg)
-    int pthread_attr_init(pthread_attr_t* attr)
-    int pthread_attr_setdetachstate(pthread_attr_t* attr, int state)
-    int pthread_attr_destroy(pthread_attr_t* attr)
-    int PTHREAD_CREATE_DETACHED
-
-cdef extern from "<signal.h>" nogil:
-    ctypedef struct sigset_t:
-        pass
-    int sigfillset(sigset_t* mask)
-    int pthread_sigmask(int how, const sigset_t* mask, sigset_t* old)
-    int SIG_BLOCK
-    int SIG_SETMASK
+from mink.storage._threads cimport start_detached
 
 
 cdef struct _Watch:
@@ -51,18 +32,9 @@ cdef void* _run(void* arg) noexcept nogil:
 
 
 def exit_with_parent(int parent, int interval_ms=200):
-    cdef pthread_t thread
-    cdef pthread_attr_t attr
-    cdef sigset_t all_signals, previous
     cdef int err
     _watch.parent = parent
     _watch.interval_us = interval_ms * 1000
-    pthread_attr_init(&attr)
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED)
-    sigfillset(&all_signals)
-    pthread_sigmask(SIG_BLOCK, &all_signals, &previous)
-    err = pthread_create(&thread, &attr, _run, NULL)
-    pthread_sigmask(SIG_SETMASK, &previous, NULL)
-    pthread_attr_destroy(&attr)
+    err = start_detached(_run, NULL)
     if err != 0:
         raise OSError(err, strerror(err).decode())

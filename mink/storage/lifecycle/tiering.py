@@ -305,9 +305,14 @@ class Pace:
 
     async def take(self, nbytes: int) -> None:
         """Wait until `nbytes` more may be read (the first read goes at once)."""
-        start = max(trio.current_time(), self._free_at)
+        await trio.sleep_until(self.book(nbytes, trio.current_time()))
+
+    def book(self, nbytes: int, now: float) -> float:
+        """Books `nbytes`; returns when they may be read (`now` and the answer on one clock,
+        the same at every call: the tiering child's is time.monotonic)."""
+        start = max(now, self._free_at)
         self._free_at = start + nbytes / self.bytes_per_s
-        await trio.sleep_until(start)
+        return start
 
 
 def round_pace(plans: list[StreamObjectPlan], interval_s: float,

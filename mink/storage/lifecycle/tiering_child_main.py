@@ -6,7 +6,6 @@ parent goes."""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import threading
@@ -15,7 +14,7 @@ import uuid
 
 import msgspec
 
-from mink.storage.lifecycle.tiering import TieringRefused, WalRow, walk_rows
+from mink.storage.lifecycle.tiering import Pace, TieringRefused, WalRow, walk_rows
 from mink.storage.lifecycle.tiering_child import (
     ERRORS,
     LENGTH,
@@ -24,8 +23,8 @@ from mink.storage.lifecycle.tiering_child import (
     Refused,
     frame,
 )
-from mink.storage.objectstore.base import ObjectExists, ObjectNotFound
 from mink.storage.objectstore.file import FileObjectStore
+from mink.storage.objectstore.instrumented import ANSWERS
 from mink.storage.stream_object import StreamObjectWriter
 
 
@@ -62,7 +61,7 @@ def _timed(operations: list[tuple[str, float, bool]], operation: str):
     try:
         yield
         failed = False
-    except (ObjectNotFound, ObjectExists):
+    except ANSWERS:
         failed = False
         raise
     finally:
@@ -78,13 +77,11 @@ def _throttle(bytes_per_s: float):
     before were due, then books these."""
     if bytes_per_s <= 0:
         return None
-    free_at = -math.inf
+    pace = Pace(bytes_per_s)
 
     def throttle(nbytes: int) -> None:
-        nonlocal free_at
         now = time.monotonic()
-        start = max(now, free_at)
-        free_at = start + nbytes / bytes_per_s
+        start = pace.book(nbytes, now)
         if start > now:
             time.sleep(start - now)
     return throttle

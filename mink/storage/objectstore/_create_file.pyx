@@ -35,6 +35,19 @@ from posix.fcntl cimport open as c_open
 from posix.uio cimport iovec, writev
 from posix.unistd cimport close, fdatasync, fsync, link, unlink, write
 
+from mink.storage._threads cimport (
+    pthread_atfork,
+    pthread_cond_init,
+    pthread_cond_signal,
+    pthread_cond_t,
+    pthread_cond_wait,
+    pthread_mutex_init,
+    pthread_mutex_lock,
+    pthread_mutex_t,
+    pthread_mutex_unlock,
+    start_detached,
+)
+
 cpdef enum:  # a create's outcome: the stage that failed
     CREATED = 0
     OPEN = 1
@@ -114,38 +127,6 @@ cdef int _create(const char* tmp, const char* path, const char* parent, iovec* i
     return CREATED
 
 
-cdef extern from "<pthread.h>" nogil:
-    ctypedef struct pthread_t:
-        pass
-    ctypedef struct pthread_attr_t:
-        pass
-    ctypedef struct pthread_mutex_t:
-        pass
-    ctypedef struct pthread_cond_t:
-        pass
-    int pthread_create(pthread_t* thread, const pthread_attr_t* attr,
-                       void* (*start)(void*) noexcept nogil, void* arg)
-    int pthread_attr_init(pthread_attr_t* attr)
-    int pthread_attr_setdetachstate(pthread_attr_t* attr, int state)
-    int pthread_attr_destroy(pthread_attr_t* attr)
-    int PTHREAD_CREATE_DETACHED
-    int pthread_mutex_init(pthread_mutex_t* mutex, const void* attr)
-    int pthread_mutex_lock(pthread_mutex_t* mutex)
-    int pthread_mutex_unlock(pthread_mutex_t* mutex)
-    int pthread_cond_init(pthread_cond_t* cond, const void* attr)
-    int pthread_cond_wait(pthread_cond_t* cond, pthread_mutex_t* mutex)
-    int pthread_cond_signal(pthread_cond_t* cond)
-    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
-                       void (*child)() noexcept nogil)
-
-cdef extern from "<signal.h>" nogil:
-    ctypedef struct sigset_t:
-        pass
-    int sigfillset(sigset_t* mask)
-    int pthread_sigmask(int how, const sigset_t* mask, sigset_t* old)
-    int SIG_BLOCK
-    int SIG_SETMASK
-
 cdef extern from "<sys/eventfd.h>" nogil:
     int eventfd(unsigned int initval, int flags)
     int EFD_CLOEXEC
@@ -219,9 +200,6 @@ cdef int _submit(_Job* job) noexcept nogil:
     """Queues the job, waking a parked thread or starting one; 0, or the errno of a thread
     that could not be started when there is none to run it (then it is not queued)."""
     global _head, _tail, _queued, _workers
-    cdef pthread_t thread
-    cdef pthread_attr_t attr
-    cdef sigset_t all_signals, previous
     cdef int err = 0
     pthread_mutex_lock(&_lock)
     job.next = NULL
@@ -234,13 +212,7 @@ cdef int _submit(_Job* job) noexcept nogil:
     if _waiting >= _queued:
         pthread_cond_signal(&_wake)
     elif _workers < MAX_WORKERS:
-        pthread_attr_init(&attr)
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED)
-        sigfillset(&all_signals)
-        pthread_sigmask(SIG_BLOCK, &all_signals, &previous)
-        err = pthread_create(&thread, &attr, _work, NULL)
-        pthread_sigmask(SIG_SETMASK, &previous, NULL)
-        pthread_attr_destroy(&attr)
+        err = start_detached(_work, NULL)
         if err == 0:
             _workers += 1
         elif _workers > 0:

@@ -12,7 +12,7 @@ from .base import Data, ObjectExists, ObjectNotFound, ObjectStore
 Observe = Callable[[str, float, bool], None]
 
 # Answers, not failures: a create that found the key taken, a get of a missing key.
-_ANSWERS = (ObjectExists, ObjectNotFound)
+ANSWERS = (ObjectExists, ObjectNotFound)
 
 
 class InstrumentedObjectStore:
@@ -27,7 +27,7 @@ class InstrumentedObjectStore:
             result = await call
             failed = False
             return result
-        except _ANSWERS:
+        except ANSWERS:
             failed = False
             raise
         finally:
