@@ -137,6 +137,9 @@ def _install_wal_log(path: str) -> None:
 
 
 def main() -> int:
+    from mink.cli import keep_hypothesis_out
+
+    keep_hypothesis_out()  # as `mink serve`: before the patches below import kio
     stall_log = os.environ.get("MINK_BENCH_STALL_LOG")
     if stall_log:
         _install_stall_log(stall_log, float(os.environ.get("MINK_BENCH_STALL_MS", "20")))
@@ -151,7 +154,7 @@ def main() -> int:
         jitter = os.environ.get("MINK_BENCH_STORE_JITTER_MS", "0")
         seed = os.environ.get("MINK_BENCH_SEED")
         _install_latency(float(latency), float(jitter), int(seed) if seed else None)
-    from mink.cli.main import main as cli_main
+    from mink.cli import main as cli_main
 
     return cli_main(["serve"])
 

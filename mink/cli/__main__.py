@@ -1,5 +1,5 @@
 import sys
 
-from mink.cli.main import main
+from mink.cli import main
 
 sys.exit(main())
