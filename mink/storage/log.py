@@ -150,8 +150,9 @@ class PendingAppend:
     async def wait(self, timeout: float = math.inf) -> int:
         """The base offset once durable; raises the LogError that failed it, or
         AppendInDoubt when `timeout` passes first (the append may still become visible)."""
-        with trio.move_on_after(timeout):
-            await self.done.wait()
+        if not self.done.is_set():  # (a request's later partitions usually are)
+            with trio.move_on_after(timeout):
+                await self.done.wait()
         if not self.done.is_set():
             raise AppendInDoubt(f"not committed within {timeout:.1f}s")
         if self.error is not None:

@@ -186,6 +186,11 @@ class WalWriter:
         self._unflushed_bytes += len(data)
         self._data_added.set()
 
+    @property
+    def has_room(self) -> bool:
+        """True when `wait_for_room` would return at once."""
+        return self._unflushed_bytes < self.max_buffered_bytes and not self.stopped
+
     async def wait_for_room(self) -> None:
         """Back-pressure: wait while too many bytes wait for their commit. Raises NotLeader
         once the writer stopped (this node stopped leading): nothing would make room."""

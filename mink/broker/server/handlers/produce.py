@@ -99,8 +99,9 @@ async def handle(node, ctx, request):
     if streams is None or not node.membership.may_lead():
         return refuse_all(ErrorCode.not_leader_or_follower, "this node is not leading")
     try:
-        with trio.fail_at(deadline):
-            await streams.wal.wait_for_room()
+        if not streams.wal.has_room:  # a deadline's cancel scope only when it may wait
+            with trio.fail_at(deadline):
+                await streams.wal.wait_for_room()
     except trio.TooSlowError:
         return refuse_all(ErrorCode.request_timed_out, "the WAL stayed full")
     except LogError as exc:
@@ -181,6 +182,8 @@ async def _wait_for_opening(node, ctx, request, denied: set, deadline: float) ->
                     return True
         return False
 
+    if not opening():  # the common case, without a cancel scope
+        return
     with trio.move_on_at(min(deadline, trio.current_time() + OPENING_WAIT)):
         while opening():
             await node.sync.wait_for_change()
