@@ -123,6 +123,41 @@ async def test_a_frame_of_many_buffers_arrives_whole_through_partial_sends():
     await receiver.aclose()
 
 
+async def test_a_frame_the_kernel_takes_at_once_does_not_go_through_the_scheduler():
+    """A response the socket's buffer has room for is written at once, bytes or buffers:
+    no trip through trio's scheduler (its own sends make one after every call). A frame
+    larger than the buffer waits for room, and arrives whole."""
+    import socket
+
+    import trio
+    import trio.testing
+
+    from mink.broker.server.connection import send_frame
+
+    left, right = socket.socketpair()
+    left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sender = trio.SocketStream(trio.socket.from_stdlib_socket(left))
+    receiver = trio.SocketStream(trio.socket.from_stdlib_socket(right))
+    with trio.testing.assert_no_checkpoints():
+        await send_frame(sender, b"small")
+        await send_frame(sender, [b"two ", memoryview(b"parts")])
+    assert await receiver.receive_some(100) == b"smalltwo parts"
+    large = random.Random(7).randbytes(1 << 20)
+    received = bytearray()
+
+    async def receive():
+        while len(received) < len(large):
+            received.extend(await receiver.receive_some(1 << 16))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            await send_frame(sender, large)
+    assert bytes(received) == large
+    await sender.aclose()
+    await receiver.aclose()
+
+
 async def test_a_frame_to_a_client_gone_is_a_broken_stream_not_an_os_error():
     """sendmsg to a client that closed its socket raises BrokenPipeError; the connection's
     run ends quietly on trio's BrokenResourceError (what the stream's own sends raise), so

@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import os
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -395,25 +396,28 @@ class Connection:
         cancel_scope.cancel()
 
 
-_IOV_MAX = 512  # buffers per sendmsg, below every platform's IOV_MAX (1024 on Linux)
+_IOV_MAX = 512  # buffers per writev, below every platform's IOV_MAX (1024 on Linux)
 
 
 async def send_frame(stream, frame: bytes | list) -> None:
-    """Send a frame; a list of buffers goes out with scatter-gather sends (sendmsg) on a
-    plain socket, so the batches in it are copied by the kernel only. Other streams (TLS)
-    get the buffers joined."""
-    if not isinstance(frame, list):
-        await stream.send_all(frame)
+    """Send a frame (bytes, or a list of buffers). On a plain socket its buffers go straight
+    to the kernel, a writev at a time (scatter-gather: the batches in a list are copied by
+    the kernel only), with a wait only while the socket's buffer is full: trio's own sends
+    yield to its scheduler after every call, even when the kernel took everything, which
+    cost the event loop about 15 us a response. Other streams (TLS) get the buffers joined."""
+    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+    if sock is None:
+        await stream.send_all(b"".join(frame) if isinstance(frame, list) else frame)
         return
-    sock = getattr(stream, "socket", None)
-    if sock is None or not hasattr(sock, "sendmsg") or len(frame) == 1:
-        await stream.send_all(frame[0] if len(frame) == 1 else b"".join(frame))
-        return
-    views = [memoryview(part) for part in frame if len(part)]
+    views = [memoryview(part) for part in frame if len(part)] if isinstance(frame, list) else [
+        memoryview(frame)]
     first = 0
     while first < len(views):
         try:
-            sent = await sock.sendmsg(views[first:first + _IOV_MAX])
+            sent = os.writev(sock.fileno(), views[first:first + _IOV_MAX])
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
         except OSError as exc:  # as the stream's own sends say it: the client went away
             raise trio.BrokenResourceError(f"the client went away: {exc!r}") from exc
         while sent and first < len(views):
