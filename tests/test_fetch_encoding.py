@@ -139,6 +139,8 @@ async def test_a_frame_the_kernel_takes_at_once_does_not_go_through_the_schedule
     sender = trio.SocketStream(trio.socket.from_stdlib_socket(left))
     receiver = trio.SocketStream(trio.socket.from_stdlib_socket(right))
     with trio.testing.assert_no_checkpoints():
+        await send_frame(sender, b"")
+        await send_frame(sender, [b"", b""])
         await send_frame(sender, b"small")
         await send_frame(sender, [b"two ", memoryview(b"parts")])
     assert await receiver.receive_some(100) == b"smalltwo parts"

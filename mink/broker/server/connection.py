@@ -409,8 +409,8 @@ async def send_frame(stream, frame: bytes | list) -> None:
     if sock is None:
         await stream.send_all(b"".join(frame) if isinstance(frame, list) else frame)
         return
-    views = [memoryview(part) for part in frame if len(part)] if isinstance(frame, list) else [
-        memoryview(frame)]
+    views = [memoryview(part) for part in (frame if isinstance(frame, list) else [frame])
+             if len(part)]  # (an empty buffer would be written as 0 bytes, over and over)
     first = 0
     while first < len(views):
         try:
