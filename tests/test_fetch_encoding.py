@@ -92,7 +92,7 @@ def test_large_batches_are_sent_as_they_are_and_small_ones_inline():
 
 
 async def test_a_frame_of_many_buffers_arrives_whole_through_partial_sends():
-    """send_frame on a socket with a small send buffer: sendmsg sends part of the buffers
+    """send_frame on a socket with a small send buffer: writev sends part of the buffers
     at a time (more than _IOV_MAX of them, some split), and the reader gets them all in
     order."""
     import socket
@@ -161,7 +161,7 @@ async def test_a_frame_the_kernel_takes_at_once_does_not_go_through_the_schedule
 
 
 async def test_a_frame_to_a_client_gone_is_a_broken_stream_not_an_os_error():
-    """sendmsg to a client that closed its socket raises BrokenPipeError; the connection's
+    """A write to a client that closed its socket raises BrokenPipeError; the connection's
     run ends quietly on trio's BrokenResourceError (what the stream's own sends raise), so
     send_frame raises that, and the node logs no traceback for a client going away."""
     import socket
