@@ -194,7 +194,7 @@ class WalWriter:
     async def wait_for_room(self) -> None:
         """Back-pressure: wait while too many bytes wait for their commit. Raises NotLeader
         once the writer stopped (this node stopped leading): nothing would make room."""
-        while self._unflushed_bytes >= self.max_buffered_bytes and not self.stopped:
+        while not self.has_room and not self.stopped:
             await self._room.wait()
         if self.stopped:
             raise NotLeader("this node stopped leading")

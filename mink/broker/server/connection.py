@@ -405,10 +405,10 @@ async def send_frame(stream, frame: bytes | list) -> None:
     the kernel only), with a wait only while the socket's buffer is full: trio's own sends
     yield to its scheduler after every call, even when the kernel took everything, which
     cost the event loop about 15 us a response. Other streams (TLS) get the buffers joined."""
-    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
-    if sock is None:
+    if not isinstance(stream, trio.SocketStream):
         await stream.send_all(b"".join(frame) if isinstance(frame, list) else frame)
         return
+    sock = stream.socket
     views = [memoryview(part) for part in (frame if isinstance(frame, list) else [frame])
              if len(part)]  # (an empty buffer would be written as 0 bytes, over and over)
     first = 0

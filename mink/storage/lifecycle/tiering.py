@@ -488,7 +488,7 @@ async def _compose_in_child(children: tiering_child.TieringChildren, objects,
         [(r.object_key, r.byte_start, r.byte_end, r.base_offset, r.last_offset)
          for r in plan.rows])
     try:
-        outcome = await children.run(job, getattr(objects, "observed", None))
+        outcome = await children.run(job, getattr(objects, "observe", None))
     except tiering_child.Refused as exc:
         raise TieringRefused(str(exc)) from None
     _check_offsets(plan, outcome.base_offset, outcome.last_offset)

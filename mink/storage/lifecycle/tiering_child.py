@@ -27,7 +27,6 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
 
 import msgspec
 import trio
@@ -38,6 +37,7 @@ from mink.storage.objectstore.base import (
     ObjectStoreError,
     ObjectStoreUnavailable,
 )
+from mink.storage.objectstore.instrumented import Observe
 from mink.storage.stream_object import StreamObjectError
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,6 @@ class Outcome(msgspec.Struct, array_like=True):
     error: str = ""
     message: str = ""
     operations: list[tuple[str, float, bool]] = msgspec.field(default_factory=list)
-
-
-# (operation, seconds, failed), as InstrumentedObjectStore's Observe
-Observed = Callable[[str, float, bool], None]
 
 
 class Refused(Exception):
@@ -170,11 +166,11 @@ class TieringChildren:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def run(self, job: Job, observed: Observed | None = None) -> Outcome:
+    async def run(self, job: Job, observed: Observe | None = None) -> Outcome:
         """The job's outcome from a child; raises the store's or the walk's error as the
         job in the node would (Refused for TieringRefused). `observed(operation, seconds,
         failed)` is told the store operations the child made, as the node's metrics count
-        them (InstrumentedObjectStore.observed)."""
+        them (an InstrumentedObjectStore's `observe`)."""
         child = self._idle.pop() if self._idle else None
         if child is None:
             try:

@@ -51,11 +51,6 @@ class InstrumentedObjectStore:
     async def aclose(self) -> None:
         await self.store.aclose()
 
-    def observed(self, operation: str, seconds: float, failed: bool) -> None:
-        """An operation made on this store's objects elsewhere (a tiering child process),
-        counted as if made here."""
-        self.observe(operation, seconds, failed)
-
     def __getattr__(self, name: str):
         # Backend extras (delete_many, ...) pass through untimed, except file://'s `compose`
         # (observed as a create), `scan` and `get_view` (each as one get). A backend
