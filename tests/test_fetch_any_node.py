@@ -195,8 +195,8 @@ async def test_a_consumer_with_client_rack_reads_from_the_node_in_its_rack(mink_
             1: {"rack": "a"},
             2: {"rack": "b", "admin_listener": f"127.0.0.1:{free_port()}"}}) as cluster:
         await cluster.create_topic("any-rack", partitions=2)
-        # one partition led by each node (placed on one if the other's membership lapsed
-        # meanwhile: a loaded machine)
+        # one partition led by each node (the coordinator puts both on one when the other is
+        # missing from its view at that moment, as on a loaded machine)
         for partition, node_id in ((0, 1), (1, 2)):
             if cluster.leaders("any-rack")[partition] != node_id:
                 await cluster.move_leadership("any-rack", partition, node_id)
