@@ -7,6 +7,7 @@ behind a load balancer, and raw requests with Mink's client (kio bodies)."""
 from __future__ import annotations
 
 import datetime
+import re
 import time
 
 import trio
@@ -139,11 +140,18 @@ def _kafka_python_group(bootstrap: str, group: str, topic: str, generation) -> d
     from kafka.structs import OffsetAndMetadata
 
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
         session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300, auto_offset_reset="earliest",
         request_timeout_ms=20000)
     report = {"errors": [], "generations": []}
     try:
+        # By pattern: kafka-python then refreshes metadata before it joins. Subscribed by
+        # name, its first join can run before it has the topic's partitions and assign
+        # nothing; the metadata arriving next starts a second rebalance, and kafka-python
+        # 3.0.12 strands that one when its SyncGroup outlasts a poll (need_rejoin() turns
+        # False once it has assigned, and nothing else completes the join): no assignment,
+        # no heartbeats. CI saw that on a loaded machine.
+        consumer.subscribe(pattern=f"^{re.escape(topic)}$")
         deadline = time.monotonic() + 60
         while not consumer.assignment() and time.monotonic() < deadline:
             consumer.poll(timeout_ms=200)
