@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.cluster import LEASE_TTL, TICK
+from tests.support.kafka_python import wait_for_partitions
 
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -460,6 +461,7 @@ def test_kafka_python_producer_and_group_consumer_follow_the_leaders(cluster):
     consumer = KafkaConsumer("kp-cluster", bootstrap_servers=cluster.bootstrap,
                              group_id="kp-group", auto_offset_reset="earliest",
                              consumer_timeout_ms=15000)
+    wait_for_partitions(consumer, "kp-cluster")
     seen = set()
     for message in consumer:
         seen.add(message.value)

@@ -20,6 +20,7 @@ import psycopg
 from confluent_kafka import Consumer
 
 from mink.broker.groups.coordinator import partition_for
+from tests.support.kafka_python import wait_for_partitions
 from tests.test_cluster import Load, consume_all, create_topic
 
 # The defaults' proportions (lease_ttl 30 s, coordinator_tick 5 s) at half the size: nothing
@@ -194,6 +195,7 @@ def test_kafka_python_clients_see_no_error_through_a_sigterm(cluster):
                              group_id=group, auto_offset_reset="earliest",
                              enable_auto_commit=True, auto_commit_interval_ms=200,
                              metadata_max_age_ms=1000, consumer_timeout_ms=500)
+    wait_for_partitions(consumer, "kp-drained")
     sent, errors, consumed = [], [], []
     stop = threading.Event()
 

@@ -7,7 +7,6 @@ behind a load balancer, and raw requests with Mink's client (kio bodies)."""
 from __future__ import annotations
 
 import datetime
-import re
 import time
 
 import trio
@@ -18,6 +17,7 @@ from mink.client import KafkaClient
 from mink.protocol.apis import ApiKey
 from mink.protocol.envelope import serialize_principal
 from mink.protocol.messages import build, decode_response, encode_request, nested
+from tests.support.kafka_python import wait_for_partitions
 from tests.support.one_address import one_address_cluster
 from tests.test_produce_forwarding import address
 
@@ -140,18 +140,13 @@ def _kafka_python_group(bootstrap: str, group: str, topic: str, generation) -> d
     from kafka.structs import OffsetAndMetadata
 
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
         session_timeout_ms=SESSION_MS, heartbeat_interval_ms=300, auto_offset_reset="earliest",
         request_timeout_ms=20000)
     report = {"errors": [], "generations": []}
     try:
-        # By pattern: kafka-python then refreshes metadata before it joins. Subscribed by
-        # name, its first join can run before it has the topic's partitions and assign
-        # nothing; the metadata arriving next starts a second rebalance, and kafka-python
-        # 3.0.12 strands that one when its SyncGroup outlasts a poll (need_rejoin() turns
-        # False once it has assigned, and nothing else completes the join): no assignment,
-        # no heartbeats. CI saw that on a loaded machine.
-        consumer.subscribe(pattern=f"^{re.escape(topic)}$")
+        # Without it CI saw no assignment: forwarded, the stranded SyncGroup is likelier.
+        wait_for_partitions(consumer, topic)
         deadline = time.monotonic() + 60
         while not consumer.assignment() and time.monotonic() < deadline:
             consumer.poll(timeout_ms=200)
@@ -491,6 +486,7 @@ def _consume_kafka_python(bootstrap: str, group: str, topic: str, count: int) ->
     got = []
     deadline = time.monotonic() + 30
     try:
+        wait_for_partitions(consumer, topic)
         while len(got) < count and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=300).values():
                 got.extend(r.value for r in records)

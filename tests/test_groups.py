@@ -31,6 +31,7 @@ from mink.storage.controlplane.groups import (
     StoredMember,
     StoredOffset,
 )
+from tests.support.kafka_python import wait_for_partitions
 from tests.support.metadata import ToolMetadataStore
 from mink.storage.controlplane import MetadataStore
 from tests.support.nodes import node_config, require_tool, start_node
@@ -121,13 +122,6 @@ def confluent_consume(address: str, group: str, topic: str, count: int,
     return out
 
 
-def kafka_python_wait_for_partitions(consumer, topic: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not consumer.partitions_for_topic(topic):
-        assert time.monotonic() < deadline, f"no partitions of {topic} in kafka-python's metadata"
-        time.sleep(0.05)
-
-
 def kafka_python_consume(address: str, group: str, topic: str, count: int,
                          quiet: float = 0.0) -> list[bytes]:
     from kafka import KafkaConsumer
@@ -135,13 +129,8 @@ def kafka_python_consume(address: str, group: str, topic: str, count: int,
     consumer = KafkaConsumer(topic, bootstrap_servers=address, group_id=group,
                              auto_offset_reset="earliest", enable_auto_commit=False,
                              session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500)
-    # kafka-python 3.0.12: a rejoin started because the topic's metadata arrived after the
-    # first assignment, and still in flight when poll() times out, is never completed (no
-    # partitions, no heartbeats; the member is expelled). With the group's initial rebalance
-    # delay at 0 a join can beat the consumer's first Metadata answer; knowing the topic's
-    # partitions before the first poll avoids that rejoin. (A Metadata answer delayed by
-    # 0-150 ms made this fail in 3 of 8 runs, on main as with newer API versions.)
-    kafka_python_wait_for_partitions(consumer, topic)
+    # (A Metadata answer delayed by 0-150 ms made this fail in 3 of 8 runs without it.)
+    wait_for_partitions(consumer, topic)
     out: list[bytes] = []
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -351,7 +340,7 @@ KAFKA_PYTHON_MEMBER = textwrap.dedent("""
                              auto_offset_reset="earliest", enable_auto_commit=False,
                              session_timeout_ms=6000, heartbeat_interval_ms=500,
                              partition_assignment_strategy=[RangePartitionAssignor])
-    # Partitions known before the first poll: see kafka_python_wait_for_partitions.
+    # Partitions known before the first poll: see tests/support/kafka_python.py.
     while not consumer.partitions_for_topic(topic):
         time.sleep(0.05)
     last = None

@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode
 
 from mink.protocol.apis import ApiKey
 from mink.protocol.messages import build
+from tests.support.kafka_python import wait_for_partitions
 from tests.support.nodes import require_tool
 from tests.support.security import (
     client_tls_context,
@@ -127,6 +128,7 @@ async def test_kafka_python_sasl_ssl_scram_sha_512(secure, certs):
         producer.close()
         consumer = KafkaConsumer("kp-scram", auto_offset_reset="earliest",
                                  consumer_timeout_ms=15000, group_id="kp", **conf)
+        wait_for_partitions(consumer, "kp-scram")
         got = []
         for msg in consumer:
             got.append(msg.value)
